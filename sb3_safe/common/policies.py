@@ -1,0 +1,111 @@
+"""Drop-in SB3 actor-critic policies whose action distributions stay finite and valid."""
+
+from typing import Any
+
+import numpy as np
+import torch as th
+from gymnasium import spaces
+from stable_baselines3.common.policies import ActorCriticCnnPolicy, ActorCriticPolicy, MultiInputActorCriticPolicy
+from stable_baselines3.common.torch_layers import CombinedExtractor, NatureCNN
+from stable_baselines3.common.type_aliases import Schedule
+
+from sb3_safe.common.distributions import (
+    DEFAULT_LOG_STD_RANGE,
+    DEFAULT_LOGIT_BOUND,
+    make_safe_distribution,
+    validate_log_std_range,
+    validate_logit_bound,
+)
+
+
+class SafeActorCriticPolicy(ActorCriticPolicy):
+    """
+    SB3's ``ActorCriticPolicy`` (``"MlpPolicy"``) with action distributions that cannot become non-finite.
+
+    Accepts every ``ActorCriticPolicy`` keyword, plus:
+
+    :param log_std_range: ``(lo, hi)``, Box actions: the std used is always in ``[exp(lo), exp(hi)]``, and the
+        log-std parameter is projected back into the range after each optimizer step (no dead zone).
+        Allowed: ``-40 <= lo < hi <= 40``.
+    :param logit_bound: Discrete, MultiDiscrete and MultiBinary actions: logits are mapped smoothly into
+        ``(-logit_bound, logit_bound)``, so every action keeps a known minimum probability
+        (see :func:`sb3_safe.common.distributions.min_action_probability`). ``None`` keeps SB3's raw logits.
+    :param squash_output: Box actions: a tanh-squashed Gaussian rescaled to the Box bounds, also without gSDE
+        (SB3 requires gSDE), with log-probs exact and finite even when tanh saturates.
+
+    A non-finite network output raises :class:`sb3_safe.NonFiniteError` naming it (mean, log-std or logits).
+    With default arguments the ``state_dict`` keys equal those of SB3's policy, so checkpoints load both ways.
+    """
+
+    def __init__(
+        self,
+        observation_space: spaces.Space,
+        action_space: spaces.Space,
+        lr_schedule: Schedule,
+        *args: Any,
+        log_std_range: tuple[float, float] = DEFAULT_LOG_STD_RANGE,
+        logit_bound: float | None = DEFAULT_LOGIT_BOUND,
+        squash_output: bool = False,
+        use_sde: bool = False,
+        **kwargs: Any,
+    ):
+        if squash_output:
+            if not isinstance(action_space, spaces.Box):
+                raise ValueError(f"squash_output=True needs a Box action space, got {action_space}")
+            if not (np.all(np.isfinite(action_space.low)) and np.all(np.isfinite(action_space.high))):
+                raise ValueError(f"squash_output=True needs finite Box bounds to rescale to, got {action_space}")
+        # SB3's constructor builds the networks and the distribution (in _build), which needs these first
+        self.log_std_range = validate_log_std_range(log_std_range)
+        self.logit_bound = validate_logit_bound(logit_bound)
+        self._tanh_squash = squash_output and not use_sde
+        # SB3 squashes only with gSDE; without it, the squashed Gaussian is ours
+        super().__init__(
+            observation_space, action_space, lr_schedule, *args, squash_output=squash_output and use_sde, use_sde=use_sde, **kwargs
+        )
+        self._squash_output = squash_output
+
+    def _build(self, lr_schedule: Schedule) -> None:
+        self.action_dist = make_safe_distribution(
+            self.action_space,
+            log_std_range=self.log_std_range,
+            logit_bound=self.logit_bound,
+            squash_output=self._tanh_squash,
+            use_sde=self.use_sde,
+            dist_kwargs=self.dist_kwargs,
+        )
+        super()._build(lr_schedule)
+        if isinstance(getattr(self, "log_std", None), th.nn.Parameter):
+            self.optimizer.register_step_post_hook(self._project_log_std)
+
+    def _project_log_std(self, optimizer: th.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        """Keep the log-std parameter inside ``log_std_range``, where its gradient is never zeroed by the clamp."""
+        with th.no_grad():
+            self.log_std.clamp_(*self.log_std_range)
+
+    def _get_constructor_parameters(self) -> dict[str, Any]:
+        data = super()._get_constructor_parameters()
+        data.update(squash_output=self.squash_output, log_std_range=self.log_std_range, logit_bound=self.logit_bound)
+        return data
+
+
+class SafeCnnPolicy(SafeActorCriticPolicy, ActorCriticCnnPolicy):
+    """
+    :class:`SafeActorCriticPolicy` for image observations, with SB3's ``NatureCNN`` features extractor by
+    default, like ``ActorCriticCnnPolicy`` (``"CnnPolicy"``).
+    """
+
+    def __init__(self, *args: Any, features_extractor_class: type = NatureCNN, **kwargs: Any):
+        super().__init__(*args, features_extractor_class=features_extractor_class, **kwargs)
+
+
+class SafeMultiInputPolicy(SafeActorCriticPolicy, MultiInputActorCriticPolicy):
+    """
+    :class:`SafeActorCriticPolicy` for Dict observations, with SB3's ``CombinedExtractor`` by default, like
+    ``MultiInputActorCriticPolicy`` (``"MultiInputPolicy"``).
+    """
+
+    def __init__(self, *args: Any, features_extractor_class: type = CombinedExtractor, **kwargs: Any):
+        super().__init__(*args, features_extractor_class=features_extractor_class, **kwargs)
+
+
+SafeMlpPolicy = SafeActorCriticPolicy
