@@ -3,10 +3,15 @@
 from pathlib import Path
 
 from sb3_safe.common.numerics import NonFiniteError
+from sb3_safe.common.policies import SafeActorCriticPolicy, SafeCnnPolicy, SafeMlpPolicy, SafeMultiInputPolicy
 
 __version__ = (Path(__file__).parent / "version.txt").read_text(encoding="utf-8").strip()
 
 __all__ = [
     "NonFiniteError",
+    "SafeActorCriticPolicy",
+    "SafeCnnPolicy",
+    "SafeMlpPolicy",
+    "SafeMultiInputPolicy",
     "__version__",
 ]

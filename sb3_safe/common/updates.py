@@ -1,0 +1,80 @@
+"""The update-step logic every sb3-safe algorithm shares: guarded optimizer steps and safe advantage scaling."""
+
+from collections.abc import Iterable
+
+import torch as th
+
+from sb3_safe.common.numerics import is_finite
+
+
+class GuardedOptimizerStep:
+    """
+    One optimizer step that is skipped, leaving parameters and optimizer state untouched, when the loss or
+    the gradient norm is not finite.
+
+    Usage in a ``train()`` loop, in place of ``zero_grad / backward / clip_grad_norm_ / step``::
+
+        grad_norm = self.guarded_step(self.policy.optimizer, loss, self.policy.parameters(), self.max_grad_norm)
+
+    :param name: used in nothing but ``repr``, to tell several guards apart
+    """
+
+    def __init__(self, name: str = "policy"):
+        self.name = name
+        #: skipped steps since construction
+        self.n_skipped = 0
+        #: steps taken since construction
+        self.n_taken = 0
+
+    def __call__(
+        self,
+        optimizer: th.optim.Optimizer,
+        loss: th.Tensor,
+        parameters: Iterable[th.nn.Parameter],
+        max_grad_norm: float | None,
+    ) -> th.Tensor | None:
+        """
+        Backpropagate ``loss``, clip gradients to ``max_grad_norm`` and step, unless something is non-finite.
+
+        :param optimizer: the optimizer to step
+        :param loss: scalar loss
+        :param parameters: the parameters whose gradients are clipped (those of ``optimizer``)
+        :param max_grad_norm: clip the global L2 norm of the gradients to this value; None: no clipping
+        :return: the gradient norm before clipping, or None if the step was skipped
+        """
+        optimizer.zero_grad()
+        if not is_finite(loss):
+            return self._skip(optimizer)
+        loss.backward()
+        grad_norm = th.nn.utils.clip_grad_norm_(
+            list(parameters), max_grad_norm if max_grad_norm is not None else float("inf")
+        )
+        # An overflowing L2 norm (gradients ~1e19 and above) counts as non-finite too: such a step is no update
+        if not is_finite(grad_norm):
+            return self._skip(optimizer)
+        optimizer.step()
+        self.n_taken += 1
+        return grad_norm
+
+    def _skip(self, optimizer: th.optim.Optimizer) -> None:
+        # No stale (possibly NaN) gradients may reach a later step
+        optimizer.zero_grad()
+        self.n_skipped += 1
+        return None
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name!r}, taken={self.n_taken}, skipped={self.n_skipped})"
+
+
+def normalize_advantages(advantages: th.Tensor, epsilon: float = 1e-8) -> th.Tensor:
+    """
+    Scale advantages to zero mean and unit variance, safe for a batch of one (returned unchanged, as SB3's
+    PPO does) and for zero variance (the centered advantages, all zero, are returned).
+
+    :param advantages: advantages of a minibatch
+    :param epsilon: added to the standard deviation
+    """
+    if advantages.numel() <= 1:
+        return advantages
+    centered = advantages - advantages.mean()
+    return centered / (centered.std() + epsilon)
