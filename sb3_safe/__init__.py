@@ -2,6 +2,7 @@
 
 from pathlib import Path
 
+from sb3_safe.common.callbacks import NonFiniteGuardCallback, NumericsMonitorCallback
 from sb3_safe.common.numerics import NonFiniteError
 from sb3_safe.common.policies import SafeActorCriticPolicy, SafeCnnPolicy, SafeMlpPolicy, SafeMultiInputPolicy
 
@@ -9,6 +10,8 @@ __version__ = (Path(__file__).parent / "version.txt").read_text(encoding="utf-8"
 
 __all__ = [
     "NonFiniteError",
+    "NonFiniteGuardCallback",
+    "NumericsMonitorCallback",
     "SafeActorCriticPolicy",
     "SafeCnnPolicy",
     "SafeMlpPolicy",
