@@ -1,0 +1,112 @@
+"""`sb3-safe doctor` on real saved models: healthy, corrupted, and files that are not models."""
+
+import json
+import math
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch as th
+from stable_baselines3 import PPO, SAC
+
+from sb3_safe.cli import main
+from sb3_safe.doctor import EXIT_HEALTHY, EXIT_UNHEALTHY, EXIT_UNREADABLE, diagnose
+
+
+@pytest.fixture(scope="module")
+def healthy_zip(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    model = PPO("MlpPolicy", "Pendulum-v1", n_steps=32, batch_size=32, n_epochs=1, policy_kwargs=dict(net_arch=[16]), seed=0)
+    model.learn(32)
+    with th.no_grad():
+        model.policy.log_std.copy_(th.tensor([-1.5]))
+    path = tmp_path_factory.mktemp("models") / "healthy.zip"
+    model.save(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def corrupted_zip(healthy_zip: Path) -> Path:
+    model = PPO.load(healthy_zip, device="cpu")
+    with th.no_grad():
+        model.policy.mlp_extractor.policy_net[0].weight[1, 2] = math.nan
+    path = healthy_zip.with_name("corrupted.zip")
+    model.save(path)
+    return path
+
+
+def test_healthy_model(healthy_zip: Path, capsys: pytest.CaptureFixture) -> None:
+    assert main(["doctor", str(healthy_zip)]) == EXIT_HEALTHY
+    out = capsys.readouterr().out
+    assert "Healthy: all" in out and "are finite" in out
+    assert "stable_baselines3.common.policies.ActorCriticPolicy, 32 timesteps" in out
+    assert "log-std range: [-1.5, -1.5]" in out
+    largest = diagnose(healthy_zip).largest
+    model = PPO.load(healthy_zip, device="cpu")
+    expected = max(p.abs().max().item() for p in model.policy.parameters())
+    assert largest[0][1] == pytest.approx(expected)
+    assert f"{largest[0][0]}: {expected:.4g}" in out
+
+
+def test_nan_weight_is_named(corrupted_zip: Path, capsys: pytest.CaptureFixture) -> None:
+    assert main(["doctor", str(corrupted_zip)]) == EXIT_UNHEALTHY
+    out = capsys.readouterr().out
+    assert "UNHEALTHY: 1 of" in out
+    assert "policy.mlp_extractor.policy_net.0.weight: 1 NaN, 0 inf of 48" in out
+    # The corrupted tensor leads the largest-weights list
+    assert diagnose(corrupted_zip).largest[0][0] == "policy.mlp_extractor.policy_net.0.weight"
+
+
+def test_inf_optimizer_state_and_variable_are_named(tmp_path: Path) -> None:
+    model = SAC("MlpPolicy", "Pendulum-v1", learning_starts=8, batch_size=8, buffer_size=50, policy_kwargs=dict(net_arch=[8]))
+    model.learn(12)
+    with th.no_grad():
+        model.log_ent_coef.fill_(math.inf)
+        first_state = next(iter(model.critic.optimizer.state.values()))
+        first_state["exp_avg_sq"].view(-1)[0] = -math.inf
+    model.save(tmp_path / "sac.zip")
+    names = [bad.name for bad in diagnose(tmp_path / "sac.zip").nonfinite]
+    assert names == ["critic.optimizer.state[0].exp_avg_sq", "log_ent_coef"]
+
+
+def test_json_report(corrupted_zip: Path, capsys: pytest.CaptureFixture) -> None:
+    assert main(["doctor", "--json", "--top", "2", str(corrupted_zip)]) == EXIT_UNHEALTHY
+    report = json.loads(capsys.readouterr().out)
+    assert report["healthy"] is False and report["num_timesteps"] == 32
+    assert report["nonfinite"] == [{"name": "policy.mlp_extractor.policy_net.0.weight", "n_nan": 1, "n_inf": 0, "numel": 48}]
+    assert len(report["largest"]) == 2 and report["largest"][0]["max_abs"] == "nan"
+
+
+def _write_zip(path: Path, members: dict[str, bytes]) -> Path:
+    with zipfile.ZipFile(path, "w") as archive:
+        for name, content in members.items():
+            archive.writestr(name, content)
+    return path
+
+
+@pytest.mark.parametrize(
+    "make, reason",
+    [
+        (lambda d: d / "missing.zip", "no such file"),
+        (lambda d: (d / "notes.txt").write_text("not a model") and d / "notes.txt", "not a zip archive"),
+        (lambda d: _write_zip(d / "other.zip", {"readme.txt": b"hello"}), "without policy.pth"),
+        (lambda d: _write_zip(d / "damaged.zip", {"policy.pth": b"\x00garbage"}), "cannot load its tensors"),
+    ],
+)
+def test_unreadable_files_exit_2_with_one_line(make, reason: str, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    path = make(tmp_path)
+    assert main(["doctor", str(path)]) == EXIT_UNREADABLE
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.startswith("sb3-safe doctor: error: ") and reason in captured.err
+    assert captured.err.count("\n") == 1
+
+
+def test_python_m_entry_point_exits_with_the_status(corrupted_zip: Path, tmp_path: Path) -> None:
+    not_a_model = tmp_path / "model.zip"
+    not_a_model.write_bytes(b"\x89PNG not a zip")
+    for path, status in ((corrupted_zip, EXIT_UNHEALTHY), (not_a_model, EXIT_UNREADABLE)):
+        result = subprocess.run([sys.executable, "-m", "sb3_safe", "doctor", str(path)], capture_output=True, text=True)
+        assert result.returncode == status
+        assert "Traceback" not in result.stderr
