@@ -1,0 +1,166 @@
+"""
+KL divergence ``KL(pi_old || pi)`` between the policy that collected a rollout and the current policy.
+
+The old policy is kept as a flat tensor of distribution parameters per sample (see :func:`distribution_params`),
+so the rollout buffer stays small and the KL is analytic for:
+
+- diagonal Gaussians (SB3's and :class:`~sb3_safe.common.distributions.BoundedDiagGaussianDistribution`):
+  stored as ``(mean, log_std)``;
+- tanh-squashed Gaussians: the KL of the pre-squash Gaussians, since KL is invariant under a bijection;
+- Categorical, MultiCategorical: stored as normalized log-probabilities;
+- Bernoulli (MultiBinary): stored as logits.
+
+Other distributions (gSDE) have no stored parameters; use :func:`approx_kl`, the non-negative estimator
+``(ratio - 1) - log(ratio)`` of the same KL.
+
+Every function here is finite and non-negative for all finite inputs: log-stds are clamped to
+``[-LOG_STD_LIMIT, LOG_STD_LIMIT]`` and z-scores computed with
+:func:`~sb3_safe.common.distributions.standardize`, as in ``distributions.py``.
+"""
+
+import torch as th
+from stable_baselines3.common.distributions import (
+    BernoulliDistribution,
+    CategoricalDistribution,
+    DiagGaussianDistribution,
+    Distribution,
+    MultiCategoricalDistribution,
+)
+from torch.nn import functional as F
+
+from sb3_safe.common.distributions import LOG_STD_LIMIT, BoundedDiagGaussianDistribution, standardize
+
+#: |log_ratio| above which it is clamped before ``exp``: ratios stay in [2e-9, 4.9e8]
+LOG_RATIO_LIMIT = 20.0
+
+
+def has_analytic_kl(distribution: Distribution) -> bool:
+    """
+    Whether :func:`analytic_kl` supports this distribution (else use :func:`approx_kl`).
+
+    :param distribution: an SB3 or sb3-safe action distribution
+    """
+    return isinstance(
+        distribution,
+        DiagGaussianDistribution | CategoricalDistribution | MultiCategoricalDistribution | BernoulliDistribution,
+    )
+
+
+def _gaussian_log_std(distribution: DiagGaussianDistribution) -> th.Tensor:
+    # The bounded log-std is the one the distribution uses; SB3's own is clamped to the range standardize supports
+    if isinstance(distribution, BoundedDiagGaussianDistribution):
+        return distribution.bounded_log_std
+    return distribution.distribution.scale.log().clamp(-LOG_STD_LIMIT, LOG_STD_LIMIT)
+
+
+def distribution_params(distribution: Distribution) -> th.Tensor:
+    """
+    The parameters :func:`analytic_kl` needs, as one ``(batch, width)`` tensor.
+
+    :param distribution: a distribution for which :func:`has_analytic_kl` is true, after ``proba_distribution``
+    :raises ValueError: for other distributions
+    """
+    if isinstance(distribution, DiagGaussianDistribution):
+        # For the squashed Gaussian these are the pre-squash parameters: KL is invariant under tanh
+        return th.cat([distribution.distribution.mean, _gaussian_log_std(distribution)], dim=1)
+    if isinstance(distribution, CategoricalDistribution):
+        return distribution.distribution.logits  # torch normalizes them: these are log-probabilities
+    if isinstance(distribution, MultiCategoricalDistribution):
+        return th.cat([split.logits for split in distribution.distribution], dim=1)
+    if isinstance(distribution, BernoulliDistribution):
+        return distribution.distribution.logits
+    raise ValueError(f"No analytic KL for {type(distribution).__name__}; use approx_kl")
+
+
+def gaussian_kl(mean_p: th.Tensor, log_std_p: th.Tensor, mean_q: th.Tensor, log_std_q: th.Tensor) -> th.Tensor:
+    """
+    Element-wise ``KL(N(mean_p, std_p) || N(mean_q, std_q))``.
+
+    Written as ``(z^2 + expm1(2d) - 2d) / 2`` with ``z = (mean_p - mean_q) / std_q`` and
+    ``d = log_std_p - log_std_q``: exactly 0 for equal arguments, accurate for close ones, finite otherwise
+    (z and d are clamped, giving a finite lower bound of the true KL for extreme inputs).
+
+    :param mean_p: mean of the first Gaussian
+    :param log_std_p: its log-std
+    :param mean_q: mean of the second Gaussian
+    :param log_std_q: its log-std
+    """
+    log_std_p = log_std_p.clamp(-LOG_STD_LIMIT, LOG_STD_LIMIT)
+    log_std_q = log_std_q.clamp(-LOG_STD_LIMIT, LOG_STD_LIMIT)
+    z_score = standardize(mean_p, mean_q, log_std_q)
+    # 2 * LOG_STD_LIMIT = 80 keeps expm1 below float32's maximum
+    double_log_ratio = (2.0 * (log_std_p - log_std_q)).clamp(-2 * LOG_STD_LIMIT, 2 * LOG_STD_LIMIT)
+    # Rounding can make expm1(x) - x slightly negative for tiny x; the KL is >= 0
+    return (0.5 * (z_score.square() + th.expm1(double_log_ratio) - double_log_ratio)).clamp(min=0.0)
+
+
+def categorical_kl(log_p: th.Tensor, log_q: th.Tensor) -> th.Tensor:
+    """
+    ``KL(p || q)`` of categoricals over the last dimension, from normalized log-probabilities.
+
+    Terms with ``p = 0`` count 0 (also when ``log_q`` is -inf).
+
+    :param log_p: log-probabilities of p
+    :param log_q: log-probabilities of q
+    """
+    prob_p = log_p.exp()
+    terms = th.where(prob_p > 0, prob_p * (log_p - log_q), th.zeros_like(prob_p))
+    return terms.sum(dim=-1).clamp(min=0.0)
+
+
+def bernoulli_kl(logits_p: th.Tensor, logits_q: th.Tensor) -> th.Tensor:
+    """
+    Element-wise ``KL(Bernoulli(p) || Bernoulli(q))`` from logits, in log-space.
+
+    :param logits_p: logits of p
+    :param logits_q: logits of q
+    """
+    log_p = th.stack([F.logsigmoid(-logits_p), F.logsigmoid(logits_p)], dim=-1)
+    log_q = th.stack([F.logsigmoid(-logits_q), F.logsigmoid(logits_q)], dim=-1)
+    return categorical_kl(log_p, log_q)
+
+
+def analytic_kl(old_params: th.Tensor, distribution: Distribution) -> th.Tensor:
+    """
+    ``KL(pi_old || pi)`` per sample, summed over action dimensions.
+
+    :param old_params: ``(batch, width)`` parameters of the old policy, from :func:`distribution_params`
+    :param distribution: the current distribution on the same observations (gradients flow through it)
+    :return: ``(batch,)`` tensor, finite and >= 0
+    """
+    if isinstance(distribution, DiagGaussianDistribution):
+        old_mean, old_log_std = old_params.chunk(2, dim=1)
+        kl = gaussian_kl(old_mean, old_log_std, distribution.distribution.mean, _gaussian_log_std(distribution))
+        return kl.sum(dim=1)
+    if isinstance(distribution, CategoricalDistribution):
+        return categorical_kl(old_params, distribution.distribution.logits)
+    if isinstance(distribution, MultiCategoricalDistribution):
+        splits = zip(
+            old_params.split([int(n) for n in distribution.action_dims], dim=1), distribution.distribution, strict=True
+        )
+        return th.stack([categorical_kl(old, new.logits) for old, new in splits], dim=1).sum(dim=1)
+    if isinstance(distribution, BernoulliDistribution):
+        return bernoulli_kl(old_params, distribution.distribution.logits).sum(dim=1)
+    raise ValueError(f"No analytic KL for {type(distribution).__name__}; use approx_kl")
+
+
+def clamp_log_ratio(log_ratio: th.Tensor) -> th.Tensor:
+    """
+    ``log_ratio`` clamped to ``[-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT]``, so that ``exp`` of it is finite.
+
+    :param log_ratio: ``log pi(a|s) - log pi_old(a|s)``
+    """
+    return log_ratio.clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
+
+
+def approx_kl(log_ratio: th.Tensor) -> th.Tensor:
+    """
+    The estimator ``(ratio - 1) - log(ratio)`` of ``KL(pi_old || pi)`` on samples from ``pi_old``, per sample.
+
+    Non-negative, unbiased and low-variance (Schulman, "Approximating KL divergence", 2020); finite, since
+    ``log_ratio`` is clamped first.
+
+    :param log_ratio: ``log pi(a|s) - log pi_old(a|s)`` at the stored actions
+    """
+    clamped = clamp_log_ratio(log_ratio)
+    return (th.expm1(clamped) - clamped).clamp(min=0.0)
