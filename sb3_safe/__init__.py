@@ -5,10 +5,12 @@ from pathlib import Path
 from sb3_safe.common.callbacks import NonFiniteGuardCallback, NumericsMonitorCallback
 from sb3_safe.common.numerics import NonFiniteError
 from sb3_safe.common.policies import SafeActorCriticPolicy, SafeCnnPolicy, SafeMlpPolicy, SafeMultiInputPolicy
+from sb3_safe.ppo_kl import KLAdaptivePPO
 
 __version__ = (Path(__file__).parent / "version.txt").read_text(encoding="utf-8").strip()
 
 __all__ = [
+    "KLAdaptivePPO",
     "NonFiniteError",
     "NonFiniteGuardCallback",
     "NumericsMonitorCallback",

@@ -1,0 +1,318 @@
+"""KLAdaptivePPO: PPO's clipped surrogate plus the adaptive KL penalty of the PPO paper, with numerical guards."""
+
+import math
+from collections import defaultdict
+from typing import Any, ClassVar, TypeVar
+
+import numpy as np
+import torch as th
+from gymnasium import spaces
+from stable_baselines3 import PPO
+from stable_baselines3.common.buffers import RolloutBuffer
+from stable_baselines3.common.policies import ActorCriticPolicy, BasePolicy
+from stable_baselines3.common.type_aliases import GymEnv, MaybeCallback, Schedule
+from stable_baselines3.common.utils import explained_variance
+from torch.nn import functional as F
+
+from sb3_safe.common.buffers import KLDictRolloutBuffer, KLDictRolloutBufferSamples, KLRolloutBuffer, KLRolloutBufferSamples
+from sb3_safe.common.kl import LOG_RATIO_LIMIT, analytic_kl, approx_kl, clamp_log_ratio, has_analytic_kl
+from sb3_safe.common.policies import SafeActorCriticPolicy, SafeCnnPolicy, SafeMultiInputPolicy
+from sb3_safe.common.updates import GuardedOptimizerStep, normalize_advantages
+
+SelfKLAdaptivePPO = TypeVar("SelfKLAdaptivePPO", bound="KLAdaptivePPO")
+
+#: Batch size of the no-gradient pass that measures the KL over the rollout
+_MEASURE_BATCH_SIZE = 1024
+
+
+def adapt_kl_beta(
+    beta: float, kl: float, target: float, tolerance: float, factor: float, bounds: tuple[float, float]
+) -> float:
+    """
+    The adaptive KL coefficient rule of the PPO paper (Schulman et al. 2017, sec. 4), clamped to ``bounds``.
+
+    ``kl < target / tolerance``: divide beta by ``factor``; ``kl > target * tolerance``: multiply it; otherwise
+    (also for a NaN ``kl``) keep it.
+
+    :param beta: current coefficient
+    :param kl: mean KL(pi_old || pi) measured after the update phase
+    :param target: d_targ
+    :param tolerance: 1.5 in the paper
+    :param factor: 2 in the paper
+    :param bounds: ``(lowest, highest)`` allowed coefficient
+    """
+    if kl < target / tolerance:
+        beta /= factor
+    elif kl > target * tolerance:
+        beta *= factor
+    return min(max(beta, bounds[0]), bounds[1])
+
+
+class KLAdaptivePPO(PPO):
+    """
+    PPO with the clipped surrogate plus an adaptive KL penalty (Schulman et al. 2017, sec. 4), built so it cannot
+    blow up: the penalty coefficient is bounded, the KL is the analytic mean ``KL(pi_old || pi)`` (never a max
+    over samples, never the wrong direction), ``log_ratio`` is clamped before ``exp``, and a non-finite loss or
+    gradient skips the optimizer step (:class:`~sb3_safe.common.updates.GuardedOptimizerStep`).
+
+    Policy loss per minibatch: ``-mean(min(r A, clip(r, 1 - eps, 1 + eps) A)) + beta * mean(KL)``. After the
+    update phase beta is adapted from the mean KL over the whole rollout (:func:`adapt_kl_beta`). ``kl_beta``
+    is saved with the model and keeps adapting after ``load``.
+
+    The squashed Gaussian's log-prob is a pure function of the stored squashed action, exact even where tanh
+    saturates (censored mass, no ``atanh`` of a saturated value), so the first ratio of each update is 1
+    without storing the pre-squash action.
+
+    Accepts every :class:`~stable_baselines3.PPO` argument; ``"MlpPolicy"``, ``"CnnPolicy"`` and
+    ``"MultiInputPolicy"`` are the safe policies of :mod:`sb3_safe.common.policies`. In addition:
+
+    :param clip_range: as in PPO; ``None`` for the paper's penalty-only variant (no clipping)
+    :param adaptive_kl_target: d_targ, the KL the penalty coefficient is adapted towards
+    :param initial_kl_beta: the penalty coefficient beta at the start, inside ``kl_beta_bounds``
+    :param kl_beta_bounds: ``(lowest, highest)`` beta, positive and finite
+    :param kl_adapt_tolerance: beta changes when the KL is outside ``[target / tol, target * tol]``; > 1
+    :param kl_adapt_factor: beta is multiplied or divided by this; > 1
+    """
+
+    policy_aliases: ClassVar[dict[str, type[BasePolicy]]] = {
+        "MlpPolicy": SafeActorCriticPolicy,
+        "CnnPolicy": SafeCnnPolicy,
+        "MultiInputPolicy": SafeMultiInputPolicy,
+    }
+    rollout_buffer: KLRolloutBuffer
+
+    def __init__(
+        self,
+        policy: str | type[ActorCriticPolicy],
+        env: GymEnv | str,
+        learning_rate: float | Schedule = 3e-4,
+        n_steps: int = 2048,
+        batch_size: int = 64,
+        n_epochs: int = 10,
+        gamma: float = 0.99,
+        gae_lambda: float = 0.95,
+        clip_range: float | Schedule | None = 0.2,
+        clip_range_vf: float | Schedule | None = None,
+        normalize_advantage: bool = True,
+        ent_coef: float = 0.0,
+        vf_coef: float = 0.5,
+        max_grad_norm: float = 0.5,
+        use_sde: bool = False,
+        sde_sample_freq: int = -1,
+        rollout_buffer_class: type[RolloutBuffer] | None = None,
+        rollout_buffer_kwargs: dict[str, Any] | None = None,
+        target_kl: float | None = None,
+        adaptive_kl_target: float = 0.01,
+        initial_kl_beta: float = 1.0,
+        kl_beta_bounds: tuple[float, float] = (1e-4, 1e3),
+        kl_adapt_tolerance: float = 1.5,
+        kl_adapt_factor: float = 2.0,
+        stats_window_size: int = 100,
+        tensorboard_log: str | None = None,
+        policy_kwargs: dict[str, Any] | None = None,
+        verbose: int = 0,
+        seed: int | None = None,
+        device: th.device | str = "auto",
+        _init_setup_model: bool = True,
+    ):
+        if rollout_buffer_class is not None and not issubclass(rollout_buffer_class, KLRolloutBuffer):
+            raise ValueError(
+                "rollout_buffer_class must subclass sb3_safe.common.buffers.KLRolloutBuffer (it keeps the old "
+                f"distribution parameters for the KL), got {rollout_buffer_class.__name__}"
+            )
+        super().__init__(
+            policy,
+            env,
+            learning_rate=learning_rate,
+            n_steps=n_steps,
+            batch_size=batch_size,
+            n_epochs=n_epochs,
+            gamma=gamma,
+            gae_lambda=gae_lambda,
+            # An infinite clip range makes the clipped surrogate the plain one: the paper's penalty-only variant
+            clip_range=math.inf if clip_range is None else clip_range,
+            clip_range_vf=clip_range_vf,
+            normalize_advantage=normalize_advantage,
+            ent_coef=ent_coef,
+            vf_coef=vf_coef,
+            max_grad_norm=max_grad_norm,
+            use_sde=use_sde,
+            sde_sample_freq=sde_sample_freq,
+            rollout_buffer_class=rollout_buffer_class,
+            rollout_buffer_kwargs=rollout_buffer_kwargs,
+            target_kl=target_kl,
+            stats_window_size=stats_window_size,
+            tensorboard_log=tensorboard_log,
+            policy_kwargs=policy_kwargs,
+            verbose=verbose,
+            seed=seed,
+            device=device,
+            _init_setup_model=False,
+        )
+        low, high = (float(bound) for bound in kl_beta_bounds)
+        if not 0.0 < low <= high < math.inf:
+            raise ValueError(f"kl_beta_bounds=(lowest, highest) needs 0 < lowest <= highest < inf, got {kl_beta_bounds!r}")
+        if not low <= initial_kl_beta <= high:
+            raise ValueError(f"initial_kl_beta must lie inside kl_beta_bounds={kl_beta_bounds!r}, got {initial_kl_beta!r}")
+        if not 0.0 < adaptive_kl_target < math.inf:
+            raise ValueError(f"adaptive_kl_target must be positive and finite, got {adaptive_kl_target!r}")
+        if not 1.0 < kl_adapt_tolerance < math.inf:
+            raise ValueError(f"kl_adapt_tolerance must be > 1 and finite, got {kl_adapt_tolerance!r}")
+        if not 1.0 < kl_adapt_factor < math.inf:
+            raise ValueError(f"kl_adapt_factor must be > 1 and finite, got {kl_adapt_factor!r}")
+        self.adaptive_kl_target = float(adaptive_kl_target)
+        self.kl_beta_bounds = (low, high)
+        self.kl_adapt_tolerance = float(kl_adapt_tolerance)
+        self.kl_adapt_factor = float(kl_adapt_factor)
+        #: the KL penalty coefficient beta, adapted after each update phase (saved with the model)
+        self.kl_beta = float(initial_kl_beta)
+        # Created here, not in _setup_model, so that load() restores its counters
+        self.policy_guard = GuardedOptimizerStep("policy")
+
+        if _init_setup_model:
+            self._setup_model()
+
+    def _setup_model(self) -> None:
+        # load() restores the bounds from JSON as a list
+        self.kl_beta_bounds = (float(self.kl_beta_bounds[0]), float(self.kl_beta_bounds[1]))
+        if self.rollout_buffer_class is None:
+            self.rollout_buffer_class = (
+                KLDictRolloutBuffer if isinstance(self.observation_space, spaces.Dict) else KLRolloutBuffer
+            )
+        super()._setup_model()
+        self.rollout_buffer.attach_policy(self.policy)
+
+    def _minibatch_kl(
+        self, rollout_data: KLRolloutBufferSamples | KLDictRolloutBufferSamples, log_ratio: th.Tensor
+    ) -> th.Tensor:
+        """Per-sample KL(pi_old || pi) for the distribution the last ``evaluate_actions`` left in the policy."""
+        # SB3's distributions are stateful: evaluate_actions leaves the current one in policy.action_dist
+        if has_analytic_kl(self.policy.action_dist):
+            return analytic_kl(rollout_data.old_dist_params, self.policy.action_dist)
+        return approx_kl(log_ratio)
+
+    @th.no_grad()
+    def _rollout_kl(self) -> float:
+        """Mean KL(pi_old || pi) over the whole rollout, for the beta rule."""
+        self.policy.set_training_mode(False)
+        total, count = 0.0, 0
+        # No gradients here, so larger batches than the minibatches: fewer passes
+        for rollout_data in self.rollout_buffer.get(max(self.batch_size, _MEASURE_BATCH_SIZE)):
+            _, log_prob, _ = self.policy.evaluate_actions(rollout_data.observations, self._actions(rollout_data))
+            kl = self._minibatch_kl(rollout_data, log_prob - rollout_data.old_log_prob)
+            total += kl.sum().item()
+            count += kl.numel()
+        return total / count
+
+    def _actions(self, rollout_data: KLRolloutBufferSamples | KLDictRolloutBufferSamples) -> th.Tensor:
+        if isinstance(self.action_space, spaces.Discrete):
+            return rollout_data.actions.long().flatten()
+        return rollout_data.actions
+
+    def train(self) -> None:
+        """Update policy and value function on the rollout buffer, then adapt the KL coefficient."""
+        self.policy.set_training_mode(True)
+        self._update_learning_rate(self.policy.optimizer)
+        clip_range = self.clip_range(self._current_progress_remaining)  # type: ignore[operator]
+        clip_range_vf = None if self.clip_range_vf is None else self.clip_range_vf(self._current_progress_remaining)  # type: ignore[operator]
+        logs: dict[str, list[float]] = defaultdict(list)
+
+        continue_training = True
+        for epoch in range(self.n_epochs):
+            for rollout_data in self.rollout_buffer.get(self.batch_size):
+                values, log_prob, entropy = self.policy.evaluate_actions(
+                    rollout_data.observations, self._actions(rollout_data)
+                )
+                values = values.flatten()
+                advantages = rollout_data.advantages
+                if self.normalize_advantage:
+                    advantages = normalize_advantages(advantages)
+
+                raw_log_ratio = log_prob - rollout_data.old_log_prob
+                # Clamped before exp: even a diverged log-prob cannot overflow the ratio
+                ratio = th.exp(clamp_log_ratio(raw_log_ratio))
+                kl = self._minibatch_kl(rollout_data, raw_log_ratio)
+
+                # Clipped surrogate (paper eq. 7) + adaptive KL penalty (sec. 4) + value and entropy terms (eq. 9)
+                surrogate = th.min(advantages * ratio, advantages * th.clamp(ratio, 1 - clip_range, 1 + clip_range))
+                policy_loss = -surrogate.mean()
+                kl_penalty = self.kl_beta * kl.mean()
+                if clip_range_vf is not None:
+                    values = rollout_data.old_values + th.clamp(
+                        values - rollout_data.old_values, -clip_range_vf, clip_range_vf
+                    )
+                value_loss = F.mse_loss(rollout_data.returns, values)
+                # No analytic entropy (squashed Gaussian without it, gSDE): -log_prob estimates it
+                entropy_loss = -th.mean(entropy) if entropy is not None else th.mean(log_prob)
+                loss = policy_loss + kl_penalty + self.ent_coef * entropy_loss + self.vf_coef * value_loss
+
+                with th.no_grad():
+                    approx_kl_div = approx_kl(raw_log_ratio).mean().item()
+                logs["pg_losses"].append(policy_loss.item())
+                logs["kl_penalties"].append(kl_penalty.item())
+                logs["value_losses"].append(value_loss.item())
+                logs["entropy_losses"].append(entropy_loss.item())
+                logs["approx_kl_divs"].append(approx_kl_div)
+                logs["clip_fractions"].append(th.mean((th.abs(ratio - 1) > clip_range).float()).item())
+                logs["clamped_fractions"].append(th.mean((raw_log_ratio.abs() > LOG_RATIO_LIMIT).float()).item())
+
+                # SB3's early stopping on the (estimated) KL of this minibatch
+                if self.target_kl is not None and approx_kl_div > 1.5 * self.target_kl:
+                    continue_training = False
+                    if self.verbose >= 1:
+                        print(f"Early stopping at step {epoch} due to reaching max kl: {approx_kl_div:.2f}")
+                    break
+
+                self.policy_guard(self.policy.optimizer, loss, self.policy.parameters(), self.max_grad_norm)
+
+            self._n_updates += 1
+            if not continue_training:
+                break
+
+        rollout_kl = self._rollout_kl()
+        self.kl_beta = adapt_kl_beta(
+            self.kl_beta,
+            rollout_kl,
+            self.adaptive_kl_target,
+            self.kl_adapt_tolerance,
+            self.kl_adapt_factor,
+            self.kl_beta_bounds,
+        )
+
+        explained_var = explained_variance(self.rollout_buffer.values.flatten(), self.rollout_buffer.returns.flatten())
+        self.logger.record("train/entropy_loss", np.mean(logs["entropy_losses"]))
+        self.logger.record("train/policy_gradient_loss", np.mean(logs["pg_losses"]))
+        self.logger.record("train/kl_penalty", np.mean(logs["kl_penalties"]))
+        self.logger.record("train/value_loss", np.mean(logs["value_losses"]))
+        self.logger.record("train/approx_kl", np.mean(logs["approx_kl_divs"]))
+        self.logger.record("train/clip_fraction", np.mean(logs["clip_fractions"]))
+        self.logger.record("train/log_ratio_clamped_fraction", np.mean(logs["clamped_fractions"]))
+        self.logger.record("train/loss", loss.item())
+        self.logger.record("train/explained_variance", explained_var)
+        self.logger.record("train/kl", rollout_kl)
+        self.logger.record("train/kl_beta", self.kl_beta)
+        self.logger.record("train/skipped_updates", self.policy_guard.n_skipped)
+        if hasattr(self.policy, "log_std"):
+            self.logger.record("train/std", th.exp(self.policy.log_std).mean().item())
+        self.logger.record("train/n_updates", self._n_updates, exclude="tensorboard")
+        self.logger.record("train/clip_range", clip_range)
+        if clip_range_vf is not None:
+            self.logger.record("train/clip_range_vf", clip_range_vf)
+
+    def learn(
+        self: SelfKLAdaptivePPO,
+        total_timesteps: int,
+        callback: MaybeCallback = None,
+        log_interval: int = 1,
+        tb_log_name: str = "KLAdaptivePPO",
+        reset_num_timesteps: bool = True,
+        progress_bar: bool = False,
+    ) -> SelfKLAdaptivePPO:
+        return super().learn(
+            total_timesteps=total_timesteps,
+            callback=callback,
+            log_interval=log_interval,
+            tb_log_name=tb_log_name,
+            reset_num_timesteps=reset_num_timesteps,
+            progress_bar=progress_bar,
+        )
