@@ -199,7 +199,7 @@ class BoundedDiagGaussianDistribution(DiagGaussianDistribution):
         self.log_std_range = validate_log_std_range(log_std_range)
         self.bounded_log_std: th.Tensor
 
-    def proba_distribution(  # type: ignore[override]
+    def proba_distribution(
         self: SelfBoundedDiagGaussian, mean_actions: th.Tensor, log_std: th.Tensor
     ) -> SelfBoundedDiagGaussian:
         """
@@ -245,7 +245,7 @@ class SquashedBoundedGaussianDistribution(BoundedDiagGaussianDistribution):
         presquash = th.atanh(squashed)
         mean, log_std = self.distribution.mean, self.bounded_log_std
         log_density = gaussian_log_prob(presquash, mean, log_std) - log_tanh_jacobian(presquash)
-        # censored mass: log P(u >= u_max) = log Phi(-(u_max - mean) / std), log P(u <= -u_max) = log Phi((-u_max - mean) / std)
+        # censored mass: log P(u >= u_max) = log Phi(-z(u_max)), log P(u <= -u_max) = log Phi(z(-u_max))
         z_upper = standardize(th.full_like(mean, PRESQUASH_LIMIT), mean, log_std)
         z_lower = standardize(th.full_like(mean, -PRESQUASH_LIMIT), mean, log_std)
         log_prob = th.where(

@@ -42,7 +42,6 @@ class SafeActorCriticPolicy(ActorCriticPolicy):
         observation_space: spaces.Space,
         action_space: spaces.Space,
         lr_schedule: Schedule,
-        *args: Any,
         log_std_range: tuple[float, float] = DEFAULT_LOG_STD_RANGE,
         logit_bound: float | None = DEFAULT_LOGIT_BOUND,
         squash_output: bool = False,
@@ -60,7 +59,7 @@ class SafeActorCriticPolicy(ActorCriticPolicy):
         self._tanh_squash = squash_output and not use_sde
         # SB3 squashes only with gSDE; without it, the squashed Gaussian is ours
         super().__init__(
-            observation_space, action_space, lr_schedule, *args, squash_output=squash_output and use_sde, use_sde=use_sde, **kwargs
+            observation_space, action_space, lr_schedule, squash_output=squash_output and use_sde, use_sde=use_sde, **kwargs
         )
         self._squash_output = squash_output
 

@@ -44,14 +44,14 @@ class GuardedOptimizerStep:
         """
         optimizer.zero_grad()
         if not is_finite(loss):
-            return self._skip(optimizer)
+            self._skip(optimizer)
+            return None
         loss.backward()
-        grad_norm = th.nn.utils.clip_grad_norm_(
-            list(parameters), max_grad_norm if max_grad_norm is not None else float("inf")
-        )
+        grad_norm = th.nn.utils.clip_grad_norm_(list(parameters), max_grad_norm if max_grad_norm is not None else float("inf"))
         # An overflowing L2 norm (gradients ~1e19 and above) counts as non-finite too: such a step is no update
         if not is_finite(grad_norm):
-            return self._skip(optimizer)
+            self._skip(optimizer)
+            return None
         optimizer.step()
         self.n_taken += 1
         return grad_norm
@@ -60,7 +60,6 @@ class GuardedOptimizerStep:
         # No stale (possibly NaN) gradients may reach a later step
         optimizer.zero_grad()
         self.n_skipped += 1
-        return None
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name!r}, taken={self.n_taken}, skipped={self.n_skipped})"
