@@ -2,6 +2,7 @@
 
 from pathlib import Path
 
+from sb3_safe.a2c_safe import SafeA2C
 from sb3_safe.common.callbacks import NonFiniteGuardCallback, NumericsMonitorCallback
 from sb3_safe.common.numerics import NonFiniteError
 from sb3_safe.common.policies import SafeActorCriticPolicy, SafeCnnPolicy, SafeMlpPolicy, SafeMultiInputPolicy
@@ -14,6 +15,7 @@ __all__ = [
     "NonFiniteError",
     "NonFiniteGuardCallback",
     "NumericsMonitorCallback",
+    "SafeA2C",
     "SafeActorCriticPolicy",
     "SafeCnnPolicy",
     "SafeMlpPolicy",

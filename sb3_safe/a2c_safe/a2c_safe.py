@@ -1,0 +1,241 @@
+"""SafeA2C: SB3's A2C with safe action distributions and guarded updates."""
+
+from typing import Any, ClassVar, Literal, TypeVar
+
+import torch as th
+from gymnasium import spaces
+from stable_baselines3 import A2C
+from stable_baselines3.common.buffers import RolloutBuffer
+from stable_baselines3.common.policies import ActorCriticPolicy, BasePolicy
+from stable_baselines3.common.sb2_compat.rmsprop_tf_like import RMSpropTFLike
+from stable_baselines3.common.type_aliases import GymEnv, MaybeCallback, Schedule
+from stable_baselines3.common.utils import explained_variance
+from torch.nn import functional as F
+
+from sb3_safe.a2c_safe.policies import CnnPolicy, MlpPolicy, MultiInputPolicy
+from sb3_safe.common.policies import SafeActorCriticPolicy
+from sb3_safe.common.updates import GuardedOptimizerStep, normalize_advantages
+
+SelfSafeA2C = TypeVar("SelfSafeA2C", bound="SafeA2C")
+
+VALUE_LOSSES = ("mse", "huber")
+
+
+class SafeA2C(A2C):
+    """
+    Advantage Actor Critic (A2C) that stays finite: safe action distributions and guarded updates.
+
+    Same algorithm and arguments as SB3's :class:`~stable_baselines3.A2C`; the differences:
+
+    - ``"MlpPolicy"``, ``"CnnPolicy"`` and ``"MultiInputPolicy"`` are sb3-safe's policies: bounded logits
+      (every action keeps a known minimum probability) for discrete actions, bounded log-std for Box actions.
+      SB3's policy classes are still accepted.
+    - The optimizer step is skipped, leaving parameters and optimizer state untouched, when the loss or the
+      gradient norm is not finite (logged as ``train/skipped_updates``, a running total).
+    - Advantage normalization is safe for a batch of one and for zero variance.
+    - ``value_loss="huber"`` keeps the value loss finite, and its gradient bounded, for returns far beyond the
+      ~2e19 at which the default MSE (SB3's) overflows float32 (such steps are then skipped).
+    - ``train/logit_max`` (largest |raw logit| of the update, before the bound) for discrete actions, or
+      ``train/log_std_min`` / ``train/log_std_max`` (of the log-std in use) for Box actions.
+
+    :param policy: The policy model to use (MlpPolicy, CnnPolicy, ...)
+    :param env: The environment to learn from (if registered in Gym, can be str)
+    :param learning_rate: The learning rate, it can be a function
+        of the current progress remaining (from 1 to 0)
+    :param n_steps: The number of steps to run for each environment per update
+        (i.e. batch size is n_steps * n_env where n_env is number of environment copies running in parallel)
+    :param gamma: Discount factor
+    :param gae_lambda: Factor for trade-off of bias vs variance for Generalized Advantage Estimator.
+        Equivalent to classic advantage when set to 1.
+    :param ent_coef: Entropy coefficient for the loss calculation
+    :param vf_coef: Value function coefficient for the loss calculation
+    :param max_grad_norm: The maximum value for the gradient clipping
+    :param rms_prop_eps: RMSProp epsilon. It stabilizes square root computation in denominator
+        of RMSProp update
+    :param use_rms_prop: Whether to use RMSprop (default) or Adam as optimizer
+    :param use_rms_prop_tf_like: Use SB3's TensorFlow-style ``RMSpropTFLike`` (epsilon inside the square root,
+        squared-gradient average started at one), as the original A2C and rl-zoo's Atari setting do. Same as
+        ``policy_kwargs=dict(optimizer_class=RMSpropTFLike, optimizer_kwargs=dict(alpha=0.99, eps=rms_prop_eps,
+        weight_decay=0))``; needs ``use_rms_prop=True`` and no ``optimizer_class`` in ``policy_kwargs``.
+    :param value_loss: ``"mse"`` (SB3's A2C) or ``"huber"`` (smooth L1 with delta 1: quadratic for errors
+        below 1, linear above, so its gradient is bounded whatever the scale of the returns)
+    :param use_sde: Whether to use generalized State Dependent Exploration (gSDE)
+        instead of action noise exploration (default: False)
+    :param sde_sample_freq: Sample a new noise matrix every n steps when using gSDE
+        Default: -1 (only sample at the beginning of the rollout)
+    :param rollout_buffer_class: Rollout buffer class to use. If ``None``, it will be automatically selected.
+    :param rollout_buffer_kwargs: Keyword arguments to pass to the rollout buffer on creation.
+    :param normalize_advantage: Whether to normalize or not the advantage
+    :param stats_window_size: Window size for the rollout logging, specifying the number of episodes to average
+        the reported success rate, mean episode length, and mean reward over
+    :param tensorboard_log: the log location for tensorboard (if None, no logging)
+    :param policy_kwargs: additional arguments to be passed to the policy on creation
+        (e.g. ``logit_bound``, ``log_std_range``, ``squash_output`` of the safe policies)
+    :param verbose: Verbosity level: 0 for no output, 1 for info messages (such as device or wrappers used), 2 for
+        debug messages
+    :param seed: Seed for the pseudo random generators
+    :param device: Device (cpu, cuda, ...) on which the code should be run.
+        Setting it to auto, the code will be run on the GPU if possible.
+    :param _init_setup_model: Whether or not to build the network at the creation of the instance
+    """
+
+    policy_aliases: ClassVar[dict[str, type[BasePolicy]]] = {
+        "MlpPolicy": MlpPolicy,
+        "CnnPolicy": CnnPolicy,
+        "MultiInputPolicy": MultiInputPolicy,
+    }
+
+    def __init__(
+        self,
+        policy: str | type[ActorCriticPolicy],
+        env: GymEnv | str,
+        learning_rate: float | Schedule = 7e-4,
+        n_steps: int = 5,
+        gamma: float = 0.99,
+        gae_lambda: float = 1.0,
+        ent_coef: float = 0.0,
+        vf_coef: float = 0.5,
+        max_grad_norm: float = 0.5,
+        rms_prop_eps: float = 1e-5,
+        use_rms_prop: bool = True,
+        use_rms_prop_tf_like: bool = False,
+        value_loss: Literal["mse", "huber"] = "mse",
+        use_sde: bool = False,
+        sde_sample_freq: int = -1,
+        rollout_buffer_class: type[RolloutBuffer] | None = None,
+        rollout_buffer_kwargs: dict[str, Any] | None = None,
+        normalize_advantage: bool = False,
+        stats_window_size: int = 100,
+        tensorboard_log: str | None = None,
+        policy_kwargs: dict[str, Any] | None = None,
+        verbose: int = 0,
+        seed: int | None = None,
+        device: th.device | str = "auto",
+        _init_setup_model: bool = True,
+    ):
+        if value_loss not in VALUE_LOSSES:
+            raise ValueError(f"value_loss must be one of {VALUE_LOSSES}, got {value_loss!r}")
+        policy_kwargs = dict(policy_kwargs or {})
+        if use_rms_prop_tf_like:
+            if not use_rms_prop:
+                raise ValueError("use_rms_prop_tf_like=True needs use_rms_prop=True")
+            if "optimizer_class" in policy_kwargs:
+                raise ValueError("use_rms_prop_tf_like=True conflicts with optimizer_class in policy_kwargs")
+            # Set here, A2C then keeps it: it only fills in an optimizer when policy_kwargs has none.
+            # Being part of policy_kwargs, it is saved with the model.
+            policy_kwargs.update(
+                optimizer_class=RMSpropTFLike, optimizer_kwargs=dict(alpha=0.99, eps=rms_prop_eps, weight_decay=0)
+            )
+        self.use_rms_prop_tf_like = use_rms_prop_tf_like
+        self.value_loss = value_loss
+        # Created before A2C's constructor and saved with the model, so the skip count survives save/load
+        self.guarded_step = GuardedOptimizerStep()
+        super().__init__(
+            policy,
+            env,
+            learning_rate=learning_rate,
+            n_steps=n_steps,
+            gamma=gamma,
+            gae_lambda=gae_lambda,
+            ent_coef=ent_coef,
+            vf_coef=vf_coef,
+            max_grad_norm=max_grad_norm,
+            rms_prop_eps=rms_prop_eps,
+            use_rms_prop=use_rms_prop,
+            use_sde=use_sde,
+            sde_sample_freq=sde_sample_freq,
+            rollout_buffer_class=rollout_buffer_class,
+            rollout_buffer_kwargs=rollout_buffer_kwargs,
+            normalize_advantage=normalize_advantage,
+            stats_window_size=stats_window_size,
+            tensorboard_log=tensorboard_log,
+            policy_kwargs=policy_kwargs,
+            verbose=verbose,
+            seed=seed,
+            device=device,
+            _init_setup_model=_init_setup_model,
+        )
+
+    @property
+    def skipped_updates(self) -> int:
+        """Number of updates skipped because the loss or the gradient norm was not finite."""
+        return self.guarded_step.n_skipped
+
+    def train(self) -> None:
+        """
+        Update policy using the currently gathered rollout buffer (one gradient step over whole data),
+        skipping the step if the loss or the gradient norm is not finite.
+        """
+        self.policy.set_training_mode(True)
+        self._update_learning_rate(self.policy.optimizer)
+
+        # A2C takes one step on the whole rollout
+        rollout_data = next(self.rollout_buffer.get(batch_size=None))
+        actions = rollout_data.actions
+        if isinstance(self.action_space, spaces.Discrete):
+            actions = actions.long().flatten()
+
+        # The raw action-net output: logits before the safe bound (or Gaussian means)
+        raw_outputs: list[th.Tensor] = []
+        hook = self.policy.action_net.register_forward_hook(lambda _net, _input, output: raw_outputs.append(output.detach()))
+        try:
+            values, log_prob, entropy = self.policy.evaluate_actions(rollout_data.observations, actions)
+        finally:
+            hook.remove()
+        values = values.flatten()
+
+        advantages = rollout_data.advantages
+        if self.normalize_advantage:
+            advantages = normalize_advantages(advantages)
+
+        policy_loss = -(advantages * log_prob).mean()
+        if self.value_loss == "huber":
+            value_loss = F.smooth_l1_loss(values, rollout_data.returns)
+        else:
+            value_loss = F.mse_loss(values, rollout_data.returns)
+        # Without an analytical entropy, -log_prob estimates it
+        entropy_loss = -th.mean(-log_prob) if entropy is None else -th.mean(entropy)
+        loss = policy_loss + self.ent_coef * entropy_loss + self.vf_coef * value_loss
+
+        self.guarded_step(self.policy.optimizer, loss, self.policy.parameters(), self.max_grad_norm)
+
+        explained_var = explained_variance(self.rollout_buffer.values.flatten(), self.rollout_buffer.returns.flatten())
+
+        self._n_updates += 1
+        self.logger.record("train/n_updates", self._n_updates, exclude="tensorboard")
+        self.logger.record("train/explained_variance", explained_var)
+        self.logger.record("train/entropy_loss", entropy_loss.item())
+        self.logger.record("train/policy_loss", policy_loss.item())
+        self.logger.record("train/value_loss", value_loss.item())
+        self.logger.record("train/skipped_updates", self.skipped_updates)
+        if isinstance(self.action_space, spaces.Box):
+            self._record_log_std()
+        else:
+            self.logger.record("train/logit_max", raw_outputs[0].abs().amax().item())
+
+    def _record_log_std(self) -> None:
+        """Log the range of the log-std in use (clamped to ``log_std_range`` by the safe policies)."""
+        log_std = self.policy.log_std.detach()
+        if isinstance(self.policy, SafeActorCriticPolicy):
+            log_std = log_std.clamp(*self.policy.log_std_range)
+        self.logger.record("train/log_std_min", log_std.min().item())
+        self.logger.record("train/log_std_max", log_std.max().item())
+        self.logger.record("train/std", log_std.exp().mean().item())
+
+    def learn(
+        self: SelfSafeA2C,
+        total_timesteps: int,
+        callback: MaybeCallback = None,
+        log_interval: int = 100,
+        tb_log_name: str = "SafeA2C",
+        reset_num_timesteps: bool = True,
+        progress_bar: bool = False,
+    ) -> SelfSafeA2C:
+        return super().learn(
+            total_timesteps=total_timesteps,
+            callback=callback,
+            log_interval=log_interval,
+            tb_log_name=tb_log_name,
+            reset_num_timesteps=reset_num_timesteps,
+            progress_bar=progress_bar,
+        )
