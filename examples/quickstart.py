@@ -4,7 +4,7 @@ Quickstart: SB3's PPO with a safe policy, a drop-in for ``"MlpPolicy"``.
 Trains on CartPole-v1 with rl-zoo's tuned PPO hyperparameters, shows a progress bar, saves the model and a
 learning-curve PNG, and prints the evaluation::
 
-    python examples/quickstart.py                      # about 2-3 minutes on 2 CPU cores
+    python examples/quickstart.py                      # about 1-2 minutes on 2 CPU cores
     python examples/quickstart.py --timesteps 2000     # smoke run
 """
 
@@ -43,7 +43,7 @@ def plot_learning_curve(monitor_dir: Path, path: Path, title: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--timesteps", type=int, default=100_000, help="training budget")
+    parser.add_argument("--timesteps", type=int, default=50_000, help="training budget")
     parser.add_argument("--output", type=Path, default=Path("runs/quickstart"), help="folder for model, logs and plot")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
