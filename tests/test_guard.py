@@ -37,8 +37,15 @@ class FaultyEnv(gym.Env):
     at a chosen step (counted over all episodes, from 1).
     """
 
-    def __init__(self, nan_obs_at: int | None = None, inf_reward_at: int | None = None, continuous: bool = False):
+    def __init__(
+        self,
+        nan_obs_at: int | None = None,
+        inf_reward_at: int | None = None,
+        continuous: bool = False,
+        obs_scale: float = 1.0,
+    ):
         super().__init__()
+        self.obs_scale = obs_scale
         self.observation_space = spaces.Box(-5.0, 5.0, (3,), np.float32)
         self.action_space = spaces.Box(-1.0, 1.0, (1,), np.float32) if continuous else spaces.Discrete(2)
         self.nan_obs_at, self.inf_reward_at = nan_obs_at, inf_reward_at
@@ -53,7 +60,7 @@ class FaultyEnv(gym.Env):
     def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict]:
         self.total_steps += 1
         self.episode_steps += 1
-        obs = self.np_random.normal(size=3).astype(np.float32)
+        obs = (self.obs_scale * self.np_random.normal(size=3)).astype(np.float32)
         reward = float(self.np_random.normal())
         if self.total_steps == self.nan_obs_at:
             obs[1] = np.nan
@@ -368,6 +375,14 @@ def test_rollback_cannot_repair_env_data_so_it_stops(algo: type[BaseAlgorithm], 
     assert guard.stop_reason is not None and "rollback cannot repair this data" in guard.stop_reason
     assert model.num_timesteps == 30
     assert all_finite(algo.load(tmp_path / "healthy.zip", device="cpu"))
+
+
+def test_huge_finite_observations_are_not_reported() -> None:
+    # Squares of 1e30 overflow float32: the cheap per-step test fails, the exact search must clear it
+    model = PPO("MlpPolicy", FaultyEnv(obs_scale=1e30), n_steps=16, batch_size=16, n_epochs=1, policy_kwargs=tiny(), seed=0)
+    guard = NonFiniteGuardCallback()
+    model.learn(32, callback=guard)
+    assert guard.events == [] and model.num_timesteps == 32
 
 
 def test_inf_reward_names_the_env() -> None:
