@@ -22,7 +22,7 @@ from stable_baselines3.common.save_util import recursive_getattr
 from stable_baselines3.common.utils import LinearSchedule
 from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
 
-from sb3_safe import NonFiniteError, NonFiniteGuardCallback, NumericsMonitorCallback
+from sb3_safe import KLAdaptivePPO, NonFiniteError, NonFiniteGuardCallback, NumericsMonitorCallback, SafeA2C
 from sb3_safe.common.callbacks import REPORT_FILENAME, ScaledSchedule
 
 
@@ -157,6 +157,8 @@ def _algorithms() -> list[tuple[type[BaseAlgorithm], str, dict]]:
         (MaskablePPO, "CartPole-v1", dict(n_steps=32, batch_size=32, n_epochs=2, policy_kwargs=tiny())),
         (QRDQN, "CartPole-v1", dict(off_policy, policy_kwargs=dict(net_arch=[16], n_quantiles=5))),
         (TQC, "Pendulum-v1", dict(off_policy, policy_kwargs=dict(net_arch=[16], n_quantiles=5, n_critics=2))),
+        (KLAdaptivePPO, "Pendulum-v1", dict(n_steps=32, batch_size=32, n_epochs=2, policy_kwargs=tiny())),
+        (SafeA2C, "CartPole-v1", dict(n_steps=8, policy_kwargs=tiny())),
     ]
 
 
@@ -171,6 +173,8 @@ def test_guard_is_silent_and_changes_nothing_on_healthy_runs(algo: type[BaseAlgo
 
     plain = algo(policy, make_env(), seed=0, device="cpu", **kwargs).learn(96)
     model = algo(policy, make_env(), seed=0, device="cpu", **kwargs)
+    optimizers = [recursive_getattr(model, name) for name in model._get_torch_save_params()[0] if name.endswith("optimizer")]
+    hooks_before = [len(optimizer._optimizer_step_post_hooks) for optimizer in optimizers]
     guard = NonFiniteGuardCallback(on_nonfinite="rollback")
     model.learn(96, callback=guard)
 
@@ -179,10 +183,8 @@ def test_guard_is_silent_and_changes_nothing_on_healthy_runs(algo: type[BaseAlgo
     # The guard only reads (and copies): the run is identical to the unguarded one
     for (name, expected), actual in zip(plain.policy.state_dict().items(), model.policy.state_dict().values(), strict=True):
         assert th.equal(expected, actual), name
-    # Its optimizer hooks are gone after learn()
-    for name in model._get_torch_save_params()[0]:
-        if name.endswith("optimizer"):
-            assert not recursive_getattr(model, name)._optimizer_step_post_hooks
+    # Its optimizer hooks are gone after learn() (safe policies keep their own)
+    assert [len(optimizer._optimizer_step_post_hooks) for optimizer in optimizers] == hooks_before
 
 
 # ----- NaN in a weight, produced by an update -----
@@ -217,11 +219,11 @@ def test_stop_saves_a_loadable_healthy_model(tmp_path: Any) -> None:
         assert th.equal(expected, actual)
 
 
-@pytest.mark.parametrize("algo", [PPO, A2C, SAC, DQN, RecurrentPPO])
+@pytest.mark.parametrize("algo", [PPO, A2C, SAC, DQN, RecurrentPPO, KLAdaptivePPO, SafeA2C])
 def test_rollback_recovers_and_lowers_the_learning_rate(algo: type[BaseAlgorithm]) -> None:
-    if algo in (PPO, A2C, RecurrentPPO):
+    if algo in (PPO, A2C, RecurrentPPO, KLAdaptivePPO, SafeA2C):
         kwargs: dict = dict(n_steps=32, policy_kwargs=tiny())
-        if algo is not A2C:
+        if algo not in (A2C, SafeA2C):
             kwargs.update(batch_size=32, n_epochs=2)
         if algo is RecurrentPPO:
             kwargs["policy_kwargs"] = dict(net_arch=[16], lstm_hidden_size=8)
