@@ -219,6 +219,7 @@ class KLAdaptivePPO(PPO):
 
         continue_training = True
         for epoch in range(self.n_epochs):
+            logs["approx_kl_divs"] = []  # SB3 logs the last epoch's
             for rollout_data in self.rollout_buffer.get(self.batch_size):
                 values, log_prob, entropy = self.policy.evaluate_actions(
                     rollout_data.observations, self._actions(rollout_data)
@@ -242,7 +243,7 @@ class KLAdaptivePPO(PPO):
                         values - rollout_data.old_values, -clip_range_vf, clip_range_vf
                     )
                 value_loss = F.mse_loss(rollout_data.returns, values)
-                # No analytic entropy (squashed Gaussian without it, gSDE): -log_prob estimates it
+                # No entropy (gSDE with squashing): -log_prob estimates it, as in SB3
                 entropy_loss = -th.mean(entropy) if entropy is not None else th.mean(log_prob)
                 loss = policy_loss + kl_penalty + self.ent_coef * entropy_loss + self.vf_coef * value_loss
 
