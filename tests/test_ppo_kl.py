@@ -184,7 +184,7 @@ def test_penalty_only_no_advantage_normalization_vecnormalize_and_early_stopping
 
 
 def test_invalid_arguments_name_themselves() -> None:
-    for kwargs, name in [
+    cases: list[tuple[dict[str, Any], str]] = [
         ({"kl_beta_bounds": (1.0, 0.5)}, "kl_beta_bounds"),
         ({"kl_beta_bounds": (0.0, 1.0)}, "kl_beta_bounds"),
         ({"initial_kl_beta": 1e4}, "initial_kl_beta"),
@@ -192,7 +192,8 @@ def test_invalid_arguments_name_themselves() -> None:
         ({"kl_adapt_tolerance": 1.0}, "kl_adapt_tolerance"),
         ({"kl_adapt_factor": math.nan}, "kl_adapt_factor"),
         ({"rollout_buffer_class": KLRolloutBuffer.__mro__[1]}, "rollout_buffer_class"),
-    ]:
+    ]
+    for kwargs, name in cases:
         with pytest.raises(ValueError, match=name):
             KLAdaptivePPO("MlpPolicy", "CartPole-v1", **kwargs)
 
