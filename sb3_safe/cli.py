@@ -2,15 +2,20 @@
 The ``sb3-safe`` command.
 
 Each subcommand registers its parser in :func:`build_parser` and sets ``handler``, a function from the parsed
-arguments to an exit status, so new subcommands (``train`` and ``enjoy`` through rl_zoo3) slot in beside
-``doctor``.
+arguments to an exit status. ``train`` and ``enjoy`` also set ``passthrough``: the arguments they do not know
+are rl_zoo3's, handed on as ``zoo_args``.
 """
 
 import argparse
 import sys
 from collections.abc import Sequence
 
+import numpy as np
+
 from sb3_safe.doctor import run_doctor
+
+#: exit status for bad input to ``train`` / ``enjoy`` (argparse's for usage errors)
+EXIT_USAGE = 2
 
 
 def _doctor(args: argparse.Namespace) -> int:
@@ -33,6 +38,87 @@ def _add_doctor(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]
     parser.set_defaults(handler=_doctor)
 
 
+def _fail(command: str, message: str) -> int:
+    print(f"sb3-safe {command}: error: {message}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def _zoo(args: argparse.Namespace) -> int:
+    if args.help:
+        # Ours first, then rl_zoo3's own help (which exits)
+        print(args.format_help())
+        args.zoo_args.append("--help")
+    try:
+        from sb3_safe import zoo
+    except ImportError as error:
+        return _fail(args.command, f"needs rl_zoo3 and optuna, pip install 'sb3-safe[zoo]' ({error})")
+    try:
+        if args.command == "enjoy":
+            zoo.enjoy(args.zoo_args)
+            return 0
+        report = zoo.train(args.zoo_args, report=not args.no_report)
+    except zoo.ZooUsageError as error:
+        return _fail(args.command, str(error))
+    if report is not None:
+        returns = report.episode_returns
+        print(f"saved model: {report.model_path}")
+        print(f"learning curve: {report.learning_curve or 'none (no training episode finished)'}")
+        print(
+            f"evaluation over {len(returns)} episodes ({'deterministic' if report.deterministic else 'stochastic'}): "
+            f"mean return {np.mean(returns):.1f} +/- {np.std(returns):.1f}"
+        )
+    return 0
+
+
+def _add_zoo_command(
+    subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]", name: str, help: str, description: str
+) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        name,
+        help=help,
+        description=description,
+        # -h also shows rl_zoo3's options; no abbreviations, so that rl_zoo3's options never match ours
+        add_help=False,
+        allow_abbrev=False,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("-h", "--help", action="store_true", help="show this help and rl_zoo3's options, then exit")
+    parser.set_defaults(handler=_zoo, passthrough=True, format_help=parser.format_help)
+    return parser
+
+
+def _add_train(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    parser = _add_zoo_command(
+        subparsers,
+        "train",
+        help="train with rl_zoo3 (every rl_zoo3.train option), kl_ppo and safe_a2c included",
+        description=(
+            "Run rl-baselines3-zoo's trainer (python -m rl_zoo3.train) with sb3-safe's algorithms registered:\n"
+            "  kl_ppo    KLAdaptivePPO\n"
+            "  safe_a2c  SafeA2C\n"
+            "Every rl_zoo3.train option is accepted (listed below). Without --conf-file, kl_ppo and safe_a2c\n"
+            "use sb3-safe's packaged zoo_configs/<algo>.yml; the stock algorithms use rl_zoo3's own.\n"
+            "After training (not -optimize) the saved model is evaluated for --eval-episodes episodes and\n"
+            "the training returns are plotted to learning_curve.png next to it.\n"
+            "Exit status: 0 done, 2 unknown algorithm or environment id, or a config key the algorithm rejects."
+        ),
+    )
+    parser.add_argument("--no-report", action="store_true", help="skip the final evaluation and the learning-curve plot")
+
+
+def _add_enjoy(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    _add_zoo_command(
+        subparsers,
+        "enjoy",
+        help="run a trained agent with rl_zoo3's enjoy (every rl_zoo3.enjoy option)",
+        description=(
+            "Run rl-baselines3-zoo's enjoy (python -m rl_zoo3.enjoy) with kl_ppo and safe_a2c registered:\n"
+            "load the model that `sb3-safe train` saved in the log folder (-f) and run or render it.\n"
+            "Every rl_zoo3.enjoy option is accepted (listed below)."
+        ),
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The parser of the ``sb3-safe`` command and its subcommands."""
     from sb3_safe import __version__
@@ -41,6 +127,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     subparsers = parser.add_subparsers(title="commands", dest="command", required=True)
     _add_doctor(subparsers)
+    _add_train(subparsers)
+    _add_enjoy(subparsers)
     return parser
 
 
@@ -51,7 +139,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     :param argv: the arguments after the program name (default: ``sys.argv[1:]``)
     :return: the exit status
     """
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, zoo_args = parser.parse_known_args(argv)
+    if not getattr(args, "passthrough", False):
+        # Parsed again, strictly: argparse's usual error for unknown arguments
+        args = parser.parse_args(argv)
+    args.zoo_args = zoo_args
     return args.handler(args)
 
 
