@@ -7,9 +7,9 @@ rl-zoo's A2C reaches about +17 to +20 on Pong after 10M steps. The full run is f
 Usage::
 
     # full run (rl-zoo budget), one per algorithm and seed
-    python benchmarks/pong_a2c.py --algo SafeA2C --seed 0 --timesteps 10_000_000 --n-envs 16 --vec-env subproc
+    python -m benchmarks.pong_a2c --algo SafeA2C --seed 0 --timesteps 10_000_000 --n-envs 16 --vec-env subproc
     # partial run, as done on a 2-core machine
-    python benchmarks/pong_a2c.py --algo SafeA2C --seed 0 --max-minutes 10
+    python -m benchmarks.pong_a2c --algo SafeA2C --seed 0 --max-minutes 10
 
 Hyperparameters (rl_zoo3/hyperparams/a2c.yml, ``atari``): AtariWrapper, 4 stacked frames, CnnPolicy, 16 envs,
 n_steps 5, gamma 0.99, gae_lambda 1, ent_coef 0.01, vf_coef 0.25, max_grad_norm 0.5, learning rate 7e-4
@@ -38,6 +38,7 @@ from stable_baselines3.common.env_util import make_atari_env
 from stable_baselines3.common.sb2_compat.rmsprop_tf_like import RMSpropTFLike
 from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecFrameStack
 
+from benchmarks.common import RESULTS, params_finite, skipped_updates
 from sb3_safe import SafeA2C
 
 ENV_ID = "PongNoFrameskip-v4"
@@ -94,7 +95,7 @@ def main() -> None:
 
     th.set_num_threads(args.threads)
     gym.register_envs(ale_py)
-    out = args.out or Path(__file__).parent / "results" / "pong_a2c" / f"{args.algo}_{args.seed}"
+    out = args.out or RESULTS / "pong_a2c" / f"{args.algo}_{args.seed}"
     out.mkdir(parents=True, exist_ok=True)
 
     vec_env_cls = SubprocVecEnv if args.vec_env == "subproc" else DummyVecEnv
@@ -129,8 +130,8 @@ def main() -> None:
         episodes=len(progress.returns),
         mean_return_last_100=float(np.mean(progress.returns[-100:])) if progress.returns else None,
         best_episode_return=max(progress.returns, default=None),
-        params_finite=all(bool(th.isfinite(param).all()) for param in model.policy.parameters()),
-        skipped_updates=model.skipped_updates if isinstance(model, SafeA2C) else None,
+        params_finite=params_finite(model),
+        skipped_updates=skipped_updates(model),
         device=str(model.device),
         torch_threads=args.threads,
     )

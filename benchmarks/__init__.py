@@ -1,0 +1,1 @@
+"""Benchmark harness of sb3-safe: ``python -m benchmarks run overhead|learning|stress [--quick]``."""

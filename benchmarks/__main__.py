@@ -1,0 +1,53 @@
+"""
+sb3-safe benchmark harness: overhead, learning parity and stress, stock SB3 vs sb3-safe in the same run.
+
+Usage::
+
+    python -m benchmarks run overhead|learning|stress|all [--quick | --size tiny|quick|full] [--jobs N] [--out DIR]
+    python -m benchmarks report overhead|learning|stress|all [--out DIR]   # tables and plots from the JSONL
+
+Each suite writes ``<out>/<suite>.jsonl`` (a meta row with command, machine, versions and budget, then one row
+per run), ``<out>/<suite>.md`` and PNG plots. Default out: ``benchmarks/results``.
+Expected wall time on 2 shared CPU cores with ``--jobs 2``: quick about 4 min for all three suites; full about
+10 min (overhead), 25 min (learning), 10 min (stress).
+"""
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from types import ModuleType
+
+from benchmarks import common, learning, overhead, stress
+
+SUITES: dict[str, ModuleType] = {"overhead": overhead, "learning": learning, "stress": stress}
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Parse the command line and run or report the suites."""
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("action", choices=("run", "report"))
+    parser.add_argument("suite", choices=(*SUITES, "all"))
+    parser.add_argument("--size", choices=common.SIZES, default="full", help="budget (default full)")
+    parser.add_argument("--quick", action="store_const", const="quick", dest="size", help="same as --size quick")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="parallel processes (default: cores)")
+    parser.add_argument("--out", type=Path, default=common.RESULTS, help="results folder")
+    args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    argv_text = " ".join(sys.argv[1:] if argv is None else argv)
+    for name in SUITES if args.suite == "all" else (args.suite,):
+        module = SUITES[name]
+        if args.action == "run":
+            # Each suite's own command line, so every report names the command that produced it
+            command = "python -m benchmarks " + argv_text.replace(" all", f" {name}", 1)
+            jobs = module.jobs(args.size)
+            common.run_suite(
+                name, args.out, command, args.size, min(args.jobs, len(jobs)), module.run_job, jobs, module.budget(args.size)
+            )
+        module.report(args.out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,178 @@
+"""
+Learning parity: stock SB3 vs sb3-safe with rl-zoo's tuned hyperparameters (identical for both), several seeds.
+
+PPO vs KLAdaptivePPO on CartPole-v1, Pendulum-v1, Hopper-v5; A2C vs SafeA2C on the same and Acrobot-v1.
+Reports final mean return +- std over seeds (deterministic evaluation) and learning curves.
+"""
+
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from benchmarks import common
+
+SUITE = "learning"
+#: (stock, safe) compared in each family
+PAIRS = {"PPO": ("PPO", "KLAdaptivePPO"), "A2C": ("A2C", "SafeA2C")}
+#: Training timesteps per (family, env) and size; zoo's budgets are in the report
+BUDGETS: dict[str, dict[tuple[str, str], int]] = {
+    "tiny": {("PPO", "CartPole-v1"): 512, ("A2C", "CartPole-v1"): 512},
+    "quick": {
+        ("PPO", "CartPole-v1"): 4_096,
+        ("PPO", "Pendulum-v1"): 4_096,
+        ("PPO", "Hopper-v5"): 1_024,
+        ("A2C", "CartPole-v1"): 4_000,
+        ("A2C", "Acrobot-v1"): 4_000,
+        ("A2C", "Pendulum-v1"): 4_000,
+        ("A2C", "Hopper-v5"): 1_000,
+    },
+    "full": {
+        ("PPO", "CartPole-v1"): 20_000,
+        ("PPO", "Pendulum-v1"): 20_480,
+        ("PPO", "Hopper-v5"): 10_240,
+        ("A2C", "CartPole-v1"): 30_000,
+        ("A2C", "Acrobot-v1"): 30_000,
+        ("A2C", "Pendulum-v1"): 40_000,
+        ("A2C", "Hopper-v5"): 10_000,
+    },
+}
+SEEDS = {"tiny": (0,), "quick": (0,), "full": (0, 1, 2)}
+EVAL_EPISODES = {"tiny": 1, "quick": 3, "full": 10}
+
+
+def jobs(size: str) -> list[tuple[str, str, str, int, int, int]]:
+    """(family, env, variant, seed, timesteps, eval episodes), longest first so the pool ends together."""
+    budgets = sorted(BUDGETS[size].items(), key=lambda item: -item[1])
+    return [
+        (family, env_id, variant, seed, timesteps, EVAL_EPISODES[size])
+        for (family, env_id), timesteps in budgets
+        for seed in SEEDS[size]
+        for variant in PAIRS[family]
+    ]
+
+
+def run_job(job: tuple[str, str, str, int, int, int]) -> list[dict[str, Any]]:
+    """Train and evaluate one (family, env, variant, seed)."""
+    family, env_id, variant, seed, timesteps, episodes = job
+    config = common.zoo_config(common.ZOO_FILE[family], env_id)
+    row = common.train(common.VARIANTS[variant], env_id, config, timesteps, seed, episodes, curve=True)
+    return [dict(family=family, **row)]
+
+
+def budget(size: str) -> dict[str, Any]:
+    """The budget recorded in the JSONL meta row."""
+    return dict(
+        seeds=list(SEEDS[size]),
+        eval_episodes=EVAL_EPISODES[size],
+        timesteps={f"{family} {env}": steps for (family, env), steps in BUDGETS[size].items()},
+    )
+
+
+def report(out: Path) -> None:
+    """``learning.md`` (one table per family) and ``learning_<env>.png`` (curves) from ``learning.jsonl``."""
+    meta, runs = common.read_jsonl(out / f"{SUITE}.jsonl")
+    keys = sorted({(row["family"], row["env"]) for row in runs}, key=lambda key: (key[0] != "PPO", key[1]))
+    zoo_lines = [
+        common.describe_zoo(common.zoo_config(common.ZOO_FILE[family], env_id), _timesteps(runs, family, env_id))
+        + f" [{family}]"
+        for family, env_id in keys
+    ]
+    lines = common.report_header(
+        "Learning parity: stock SB3 vs sb3-safe (rl-zoo hyperparameters)",
+        meta,
+        [
+            "Hyperparameters: rl-zoo's tuned entries read from the installed `rl_zoo3/hyperparams/{ppo,a2c}.yml`"
+            " (Hopper-v5 uses the Hopper-v4 entry), identical for stock and safe; the safe algorithms add their"
+            " defaults (safe MlpPolicy; KLAdaptivePPO: d_targ 0.01, beta0 1, bounds (1e-4, 1e3)).",
+            f"Seeds {meta.get('budget', {}).get('seeds')}; final return: deterministic policy,"
+            f" {meta.get('budget', {}).get('eval_episodes')} evaluation episodes on a fresh env (frozen observation"
+            " normalization), mean +- std over seeds. Curves: mean of the last 20 training episodes, seed mean,"
+            " band min-max.",
+            "Budgets: " + "; ".join(zoo_lines),
+        ],
+    )
+    for family, (stock, safe) in PAIRS.items():
+        rows = []
+        for fam, env_id in keys:
+            if fam != family:
+                continue
+            selected = {name: _select(runs, family, env_id, name) for name in (stock, safe)}
+            finals = {name: [row["final_return"] for row in chosen] for name, chosen in selected.items()}
+            wall = np.mean([row["wall_s"] for row in selected[safe]]) / np.mean([row["wall_s"] for row in selected[stock]])
+            failures = [
+                sum(bool(row["error"]) or not row["params_finite"] for row in selected[name]) for name in (stock, safe)
+            ]
+            skipped = sum(row["skipped_updates"] or 0 for row in selected[safe])
+            betas = ", ".join(f"{row['kl_beta']:.3g}" for row in selected[safe] if row["kl_beta"] is not None) or "-"
+            rows.append(
+                [
+                    env_id,
+                    common.mean_std(finals[stock]),
+                    common.mean_std(finals[safe]),
+                    _verdict(finals[stock], finals[safe]),
+                    f"{wall:.2f}",
+                    f"{failures[0]} / {failures[1]}",
+                    skipped,
+                    *([betas] if family == "PPO" else []),
+                ]
+            )
+        if not rows:
+            continue
+        header = [
+            "env",
+            f"{stock} return",
+            f"{safe} return",
+            "safe no worse within seed noise?",
+            f"wall ratio {safe}/{stock}",
+            f"failures {stock} / {safe}",
+            f"{safe} skipped steps",
+            *(["final beta per seed"] if family == "PPO" else []),
+        ]
+        lines += [f"## {stock} vs {safe}", "", *common.table(header, rows), ""]
+    lines += [
+        "'No worse within seed noise': safe mean >= stock mean - (stock std + safe std), the std over seeds.",
+        "",
+        *[f"![{env_id}](learning_{env_id}.png)" for env_id in sorted({env for _, env in keys})],
+    ]
+    common.write_report(out / f"{SUITE}.md", lines)
+    plot(runs, out)
+
+
+def _select(runs: list[dict[str, Any]], family: str, env_id: str, variant: str) -> list[dict[str, Any]]:
+    return [row for row in runs if row["family"] == family and row["env"] == env_id and row["variant"] == variant]
+
+
+def _timesteps(runs: list[dict[str, Any]], family: str, env_id: str) -> int:
+    return max(row["timesteps"] for row in runs if row["family"] == family and row["env"] == env_id)
+
+
+def _verdict(stock: list[float], safe: list[float]) -> str:
+    """Whether the safe mean is within the summed seed std of the stock mean (or above it)."""
+    stock_a, safe_a = np.asarray(stock, dtype=float), np.asarray(safe, dtype=float)
+    if not np.isfinite(safe_a).any() or not np.isfinite(stock_a).any():
+        return "n/a"
+    gap = np.nanmean(stock_a) - np.nanmean(safe_a)
+    noise = np.nanstd(stock_a) + np.nanstd(safe_a)
+    return "yes" if gap <= noise else f"**no** (gap {gap:.1f} > {noise:.1f})"
+
+
+def plot(runs: list[dict[str, Any]], out: Path) -> None:
+    """One PNG per env, one panel per algorithm family."""
+    plt = common.pyplot()
+    # Grid points before the first finished episode are NaN for every seed: expected, not worth a warning
+    warnings.filterwarnings("ignore", "All-NaN slice|Mean of empty slice", RuntimeWarning)
+    for env_id in sorted({row["env"] for row in runs}):
+        families = [family for family in PAIRS if any(r["family"] == family and r["env"] == env_id for r in runs)]
+        figure, axes = plt.subplots(1, len(families), figsize=(6 * len(families), 4), squeeze=False)
+        for axis, family in zip(axes[0], families, strict=True):
+            grid = np.linspace(0, _timesteps(runs, family, env_id), 100)
+            for variant in PAIRS[family]:
+                selected = _select(runs, family, env_id, variant)
+                curves = np.array([common.smoothed_curve(row["curve"], grid) for row in selected])
+                axis.plot(grid, np.nanmean(curves, axis=0), label=f"{variant} ({len(selected)} seeds)")
+                axis.fill_between(grid, np.nanmin(curves, axis=0), np.nanmax(curves, axis=0), alpha=0.2)
+            axis.set(title=f"{env_id}: {' vs '.join(PAIRS[family])}", xlabel="timesteps", ylabel="training return")
+            axis.legend()
+        common.save_figure(figure, out / f"learning_{env_id}.png")

@@ -1,0 +1,191 @@
+"""
+Overhead: steps per second of stock SB3 and the sb3-safe variants on healthy runs, CartPole-v1 and Hopper-v5.
+
+All variants of one environment run in ONE process, interleaved (the order rotates from round to round, so
+drifts in machine load do not favour any variant), with the same seed within a round; each variant is compared
+with its baseline in the same round and the median of the per-round ratios is reported, for wall time and for
+the process's CPU time (less sensitive to other jobs on a shared machine).
+"""
+
+import statistics
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from benchmarks import common
+
+SUITE = "overhead"
+ENVS = ("CartPole-v1", "Hopper-v5")
+VARIANTS = (
+    "PPO",
+    "PPO+SafeMlpPolicy",
+    "PPO+guard(raise)",
+    "KLAdaptivePPO",
+    "KLAdaptivePPO+guard(raise)",
+    "KLAdaptivePPO+guard",
+    "A2C",
+    "SafeA2C",
+    "SafeA2C+guard(raise)",
+    "SafeA2C+guard",
+)
+#: (variant, baseline, target time ratio): policy+algorithm <= 3 %, guard <= 2 %
+COMPARISONS = (
+    ("PPO+SafeMlpPolicy", "PPO", 1.03),
+    ("KLAdaptivePPO", "PPO", 1.03),
+    ("SafeA2C", "A2C", 1.03),
+    ("PPO+guard(raise)", "PPO", 1.02),
+    ("KLAdaptivePPO+guard(raise)", "KLAdaptivePPO", 1.02),
+    ("KLAdaptivePPO+guard", "KLAdaptivePPO", 1.02),
+    ("SafeA2C+guard(raise)", "SafeA2C", 1.02),
+    ("SafeA2C+guard", "SafeA2C", 1.02),
+)
+ROUNDS = {"tiny": 1, "quick": 2, "full": 5}
+#: Timesteps per measured run, per env and size
+TIMESTEPS = {
+    "tiny": {"CartPole-v1": 256},
+    "quick": {"CartPole-v1": 1_024, "Hopper-v5": 512},
+    "full": {"CartPole-v1": 3_072, "Hopper-v5": 1_024},
+}
+
+
+def jobs(size: str) -> list[tuple[str, int, int]]:
+    """One job (env, timesteps, rounds) per environment: its variants must share one process to interleave."""
+    return [(env_id, steps, ROUNDS[size]) for env_id, steps in TIMESTEPS[size].items()]
+
+
+def run_job(job: tuple[str, int, int]) -> list[dict[str, Any]]:
+    """Warm up, then ``rounds`` rounds of every variant in rotating order; one row per measured run."""
+    env_id, timesteps, rounds = job
+    configs = {zoo: common.zoo_config(zoo, env_id) for zoo in ("ppo", "a2c")}
+
+    def measure(name: str, steps: int, seed: int) -> dict[str, Any]:
+        variant = common.VARIANTS[name]
+        row = common.train(variant, env_id, configs[common.ZOO_FILE[variant.algo]], steps, seed, eval_episodes=0)
+        assert row["error"] is None and not row["guard_events"], f"{name} was not healthy: {row}"
+        return row
+
+    # Imports, allocator and env registration costs must not land on the first measured run (tiny: no timing)
+    for name in VARIANTS if rounds > 1 else ():
+        measure(name, min(timesteps, 512), seed=100)
+    rows = []
+    for round_ in range(rounds):
+        shift = round_ % len(VARIANTS)
+        for position, name in enumerate(VARIANTS[shift:] + VARIANTS[:shift]):
+            row = measure(name, timesteps, seed=round_)
+            rows.append(
+                dict(
+                    row,
+                    round=round_,
+                    position=position,
+                    steps_per_s=row["steps_done"] / row["wall_s"],
+                    cpu_steps_per_s=row["steps_done"] / row["cpu_s"],
+                )
+            )
+            print(common._summary(rows[-1]), flush=True)
+    return rows
+
+
+def budget(size: str) -> dict[str, Any]:
+    """The budget recorded in the JSONL meta row."""
+    return dict(rounds=ROUNDS[size], timesteps=TIMESTEPS[size], variants=list(VARIANTS))
+
+
+def ratios(runs: list[dict[str, Any]], env_id: str, variant: str, baseline: str, key: str) -> list[float]:
+    """Per-round time ratios variant / baseline (``key``: ``wall_s`` or ``cpu_s``)."""
+    by_round = {(row["variant"], row["round"]): row[key] for row in runs if row["env"] == env_id}
+    return [
+        by_round[variant, round_] / by_round[baseline, round_]
+        for round_ in sorted({row["round"] for row in runs})
+        if (variant, round_) in by_round and (baseline, round_) in by_round
+    ]
+
+
+def report(out: Path) -> None:
+    """``overhead.md`` and ``overhead.png`` from ``overhead.jsonl``."""
+    meta, runs = common.read_jsonl(out / f"{SUITE}.jsonl")
+    budget_ = meta.get("budget", {})
+    envs = [env_id for env_id in ENVS if any(row["env"] == env_id for row in runs)]
+    lines = common.report_header(
+        "Overhead: steps per second, stock SB3 vs sb3-safe",
+        meta,
+        [
+            f"Budget: {budget_.get('rounds')} interleaved rounds of all {len(VARIANTS)} variants per env (order rotating,"
+            f" same seed within a round), timesteps per run {budget_.get('timesteps')}, after one warm-up run each;"
+            " timed: `learn()` only.",
+            "Hyperparameters: "
+            + "; ".join(
+                common.describe_zoo(common.zoo_config(fam, env_id), budget_.get("timesteps", {}).get(env_id, 0))
+                for env_id in envs
+                for fam in ("ppo", "a2c")
+            ),
+            "Guard: `+guard` is `NonFiniteGuardCallback(on_nonfinite='rollback')` (snapshots policy, optimizer and"
+            " VecNormalize at each passed check: the mode the stress suite uses); `+guard(raise)` is the default mode"
+            " (checks only).",
+            "Ratio: time of the variant / time of its baseline in the same round (1.03 = 3 % slower); median over"
+            " rounds. Wall time is what was asked for; CPU time of the process is less disturbed by other jobs.",
+        ],
+    )
+    rows = []
+    for env_id in envs:
+        for variant, baseline, target in COMPARISONS:
+            wall = ratios(runs, env_id, variant, baseline, "wall_s")
+            cpu = ratios(runs, env_id, variant, baseline, "cpu_s")
+            if not wall:
+                continue
+            speed = statistics.median(row["steps_per_s"] for row in runs if row["env"] == env_id and row["variant"] == variant)
+            median_wall, median_cpu = statistics.median(wall), statistics.median(cpu)
+            rows.append(
+                [
+                    env_id,
+                    variant,
+                    baseline,
+                    f"{speed:.0f}",
+                    f"**{median_wall:.3f}**",
+                    f"{min(wall):.3f}-{max(wall):.3f}",
+                    f"{median_cpu:.3f}",
+                    f"<= {target:.2f}",
+                    _met(median_wall, median_cpu, target),
+                ]
+            )
+    header = [
+        "env",
+        "variant",
+        "baseline",
+        "steps/s (median)",
+        "wall ratio (median)",
+        "wall ratio range",
+        "CPU ratio (median)",
+        "target",
+        "met?",
+    ]
+    lines += [*common.table(header, rows), "", "![overhead](overhead.png)"]
+    common.write_report(out / f"{SUITE}.md", lines)
+    plot(runs, envs, out)
+
+
+def _met(wall: float, cpu: float, target: float) -> str:
+    if wall <= target and cpu <= target:
+        return "yes"
+    if wall <= target or cpu <= target:
+        return "wall " + ("yes" if wall <= target else "no") + ", CPU " + ("yes" if cpu <= target else "no")
+    return "**no**"
+
+
+def plot(runs: list[dict[str, Any]], envs: list[str], out: Path) -> None:
+    """Median wall and CPU ratios per comparison and env, with the targets."""
+    plt = common.pyplot()
+    figure, axes = plt.subplots(1, len(envs), figsize=(6 * len(envs), 4.5), squeeze=False)
+    labels = [f"{variant}\n/ {baseline}" for variant, baseline, _ in COMPARISONS]
+    x = np.arange(len(COMPARISONS))
+    for axis, env_id in zip(axes[0], envs, strict=True):
+        for offset, key in ((-0.2, "wall_s"), (0.2, "cpu_s")):
+            medians = [statistics.median(ratios(runs, env_id, v, b, key) or [np.nan]) for v, b, _ in COMPARISONS]
+            axis.bar(x + offset, medians, width=0.4, label="wall" if key == "wall_s" else "CPU")
+        for target, style in ((1.03, "--"), (1.02, ":")):
+            axis.axhline(target, color="gray", linestyle=style, linewidth=1, label=f"target {target}")
+        axis.axhline(1.0, color="black", linewidth=0.8)
+        axis.set_xticks(x, labels, rotation=45, ha="right", fontsize=7)
+        axis.set(title=f"{env_id}: time ratio vs baseline (median)", ylabel="time ratio", ylim=(0.8, None))
+        axis.legend(fontsize=7)
+    common.save_figure(figure, out / "overhead.png")

@@ -1,0 +1,347 @@
+"""
+Stress: realistic misconfigurations, short runs, stock SB3 vs sb3-safe.
+
+Each configuration starts from rl-zoo's tuned entry and breaks one thing the way users do (learning rate far too
+high, unnormalized reward or observation scale, extreme initial log-std, many epochs on tiny minibatches, rare
+reward spikes, high RMSprop learning rate on a discrete actor, a squashed Gaussian driven into saturation). Each
+runs for stock SB3, SB3 with the safe policy, the safe algorithm, and the safe algorithm with the guard in rollback
+mode. Per run: exception (type and first line), non-finite parameters at the end, guard events, final return.
+"""
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from benchmarks import common
+
+SUITE = "stress"
+#: The four ways to train, per algorithm family: stock, safe policy, safe algorithm, safe algorithm + guard
+ROLES = ("stock SB3", "safe policy", "safe algorithm", "safe algorithm + guard")
+FAMILY_VARIANTS = {
+    "PPO": ("PPO", "PPO+SafeMlpPolicy", "KLAdaptivePPO", "KLAdaptivePPO+guard"),
+    "A2C": ("A2C", "A2C+SafeMlpPolicy", "SafeA2C", "SafeA2C+guard"),
+}
+
+
+class ScaleObservation(gym.ObservationWrapper):
+    """Observations times ``scale``: raw sensor units nobody normalized."""
+
+    def __init__(self, env: gym.Env, scale: float) -> None:
+        super().__init__(env)
+        self.scale = scale
+        space = env.observation_space
+        assert isinstance(space, gym.spaces.Box)
+        self.observation_space = gym.spaces.Box(space.low * scale, space.high * scale, dtype=space.dtype)
+
+    def observation(self, observation: np.ndarray) -> np.ndarray:
+        return (observation * self.scale).astype(self.observation_space.dtype)
+
+
+class ScaleReward(gym.RewardWrapper):
+    """Rewards times ``scale``: a cost in raw units, without VecNormalize."""
+
+    def __init__(self, env: gym.Env, scale: float) -> None:
+        super().__init__(env)
+        self.scale = scale
+
+    def reward(self, reward: float) -> float:
+        return reward * self.scale
+
+
+class RewardSpikes(gym.Wrapper):
+    """With probability ``rate`` per step, add ``size`` to the reward (a rare bonus or a logging glitch)."""
+
+    def __init__(self, env: gym.Env, rate: float, size: float) -> None:
+        super().__init__(env)
+        self.rate, self.size = rate, size
+        self._rng = np.random.default_rng(0)
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
+        if seed is not None:
+            self._rng = np.random.default_rng(seed + 12_345)  # its own stream: the env's dynamics stay as they were
+        return self.env.reset(seed=seed, options=options)
+
+    def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
+        observation, reward, terminated, truncated, info = self.env.step(action)
+        if self._rng.random() < self.rate:
+            reward = float(reward) + self.size
+        return observation, reward, terminated, truncated, info
+
+
+def saturate_action_mean(model: Any, bias: float = 25.0) -> None:
+    """Push the actor's mean to ``bias``, where float32 ``tanh`` is exactly 1 (a policy gone to the bound)."""
+    import torch as th
+
+    with th.no_grad():
+        model.policy.action_net.bias.fill_(bias)
+
+
+@dataclass(frozen=True)
+class StressConfig:
+    """
+    One misconfiguration.
+
+    :param name: short id
+    :param description: what is broken, for the report
+    :param family: ``"PPO"`` or ``"A2C"``
+    :param env_id: the environment
+    :param timesteps: training budget per size
+    :param overrides: replace rl-zoo's hyperparameters
+    :param wrapper: training env wrapper
+    :param eval_wrapper: evaluation env wrapper (observation changes only, so returns stay in the task's units)
+    :param prepare: called on the model before training
+    """
+
+    name: str
+    description: str
+    family: str
+    env_id: str
+    timesteps: dict[str, int]
+    overrides: dict[str, Any] = field(default_factory=dict)
+    wrapper: Callable[[Any], Any] | None = None
+    eval_wrapper: Callable[[Any], Any] | None = None
+    prepare: Callable[[Any], None] | None = None
+
+
+def _steps(tiny: int, quick: int, full: int) -> dict[str, int]:
+    return dict(tiny=tiny, quick=quick, full=full)
+
+
+_OBS_1E4 = functools.partial(ScaleObservation, scale=1e4)
+#: Zoo's Pendulum PPO collects 4 x 1024 steps per update; 4 x 256 gives a short run several updates
+_PENDULUM_PPO = dict(n_steps=256)
+CONFIGS = {
+    config.name: config
+    for config in (
+        StressConfig(
+            "lr_100x_ppo",
+            "PPO CartPole-v1, learning rate lin_0.1 (100x zoo's lin_0.001)",
+            "PPO",
+            "CartPole-v1",
+            _steps(512, 2_048, 8_192),
+            dict(learning_rate="lin_0.1"),
+        ),
+        StressConfig(
+            "lr_30x_a2c",
+            "A2C Pendulum-v1 (gSDE, VecNormalize), learning rate lin_0.021 (30x zoo's lin_7e-4)",
+            "A2C",
+            "Pendulum-v1",
+            _steps(512, 2_000, 8_000),
+            dict(learning_rate="lin_0.021"),
+        ),
+        StressConfig(
+            "reward_scale_1e6",
+            "A2C CartPole-v1, rewards x 1e6, no VecNormalize",
+            "A2C",
+            "CartPole-v1",
+            _steps(512, 2_000, 8_000),
+            wrapper=functools.partial(ScaleReward, scale=1e6),
+        ),
+        StressConfig(
+            "obs_scale_1e4",
+            "PPO Pendulum-v1 (gSDE; n_steps 256), observations x 1e4, no VecNormalize",
+            "PPO",
+            "Pendulum-v1",
+            _steps(1_024, 1_024, 4_096),
+            _PENDULUM_PPO,
+            wrapper=_OBS_1E4,
+            eval_wrapper=_OBS_1E4,
+        ),
+        StressConfig(
+            "log_std_init_+10",
+            "A2C Pendulum-v1 (gSDE, VecNormalize), log_std_init=+10 (zoo: -2)",
+            "A2C",
+            "Pendulum-v1",
+            _steps(512, 2_000, 8_000),
+            dict(policy_kwargs="dict(log_std_init=10, ortho_init=False)"),
+        ),
+        StressConfig(
+            "log_std_init_-10",
+            "PPO Pendulum-v1 (n_steps 256) without gSDE, log_std_init=-10",
+            "PPO",
+            "Pendulum-v1",
+            _steps(1_024, 1_024, 4_096),
+            dict(_PENDULUM_PPO, use_sde=False, sde_sample_freq=-1, policy_kwargs="dict(log_std_init=-10)"),
+        ),
+        StressConfig(
+            "tiny_minibatch_50_epochs",
+            "PPO Pendulum-v1 (gSDE), n_steps 64 x 4 envs, batch_size 8, n_epochs 50 (zoo: 1024, 64, 10)",
+            "PPO",
+            "Pendulum-v1",
+            _steps(256, 256, 768),
+            dict(n_steps=64, batch_size=8, n_epochs=50),
+        ),
+        StressConfig(
+            "reward_spikes_1e6",
+            "A2C CartPole-v1, reward + 1e6 with probability 1e-3 per step",
+            "A2C",
+            "CartPole-v1",
+            _steps(512, 2_000, 8_000),
+            wrapper=functools.partial(RewardSpikes, rate=1e-3, size=1e6),
+        ),
+        StressConfig(
+            "rmsprop_lr_100x_discrete",
+            "A2C CartPole-v1, RMSpropTFLike(eps=1e-5) as zoo's Atari A2C, learning rate 0.07 (100x)",
+            "A2C",
+            "CartPole-v1",
+            _steps(512, 2_000, 8_000),
+            dict(learning_rate=0.07, policy_kwargs="dict(optimizer_class=RMSpropTFLike, optimizer_kwargs=dict(eps=1e-5))"),
+        ),
+        StressConfig(
+            "squashed_saturated",
+            "PPO Pendulum-v1 (gSDE; n_steps 256), squash_output=True, action_net bias 25 (float32 tanh == 1.0)",
+            "PPO",
+            "Pendulum-v1",
+            _steps(1_024, 1_024, 4_096),
+            dict(_PENDULUM_PPO, policy_kwargs="dict(squash_output=True)"),
+            prepare=saturate_action_mean,
+        ),
+    )
+}
+SEEDS = {"tiny": (0,), "quick": (0,), "full": (0, 1, 2)}
+EVAL_EPISODES = {"tiny": 1, "quick": 2, "full": 5}
+#: The tiny size (the test) runs two cheap configurations only
+TINY_CONFIGS = ("lr_100x_ppo", "reward_spikes_1e6")
+
+
+def jobs(size: str) -> list[tuple[str, str, int, int, int]]:
+    """(config, variant, seed, timesteps, eval episodes)."""
+    names = TINY_CONFIGS if size == "tiny" else tuple(CONFIGS)
+    return [
+        (name, variant, seed, CONFIGS[name].timesteps[size], EVAL_EPISODES[size])
+        for name in names
+        for seed in SEEDS[size]
+        for variant in FAMILY_VARIANTS[CONFIGS[name].family]
+    ]
+
+
+def run_job(job: tuple[str, str, int, int, int]) -> list[dict[str, Any]]:
+    """Train one (config, variant, seed); crashes are results."""
+    name, variant, seed, timesteps, episodes = job
+    config = CONFIGS[name]
+    zoo = common.zoo_config(common.ZOO_FILE[config.family], config.env_id, **config.overrides)
+    row = common.train(
+        common.VARIANTS[variant],
+        config.env_id,
+        zoo,
+        timesteps,
+        seed,
+        episodes,
+        wrapper=config.wrapper,
+        eval_wrapper=config.eval_wrapper,
+        prepare=config.prepare,
+    )
+    role = ROLES[FAMILY_VARIANTS[config.family].index(variant)]
+    return [dict(config=name, role=role, **row)]
+
+
+def budget(size: str) -> dict[str, Any]:
+    """The budget recorded in the JSONL meta row."""
+    names = TINY_CONFIGS if size == "tiny" else tuple(CONFIGS)
+    return dict(
+        seeds=list(SEEDS[size]),
+        eval_episodes=EVAL_EPISODES[size],
+        timesteps={name: CONFIGS[name].timesteps[size] for name in names},
+    )
+
+
+def _healthy(row: dict[str, Any]) -> bool:
+    """Finished ``learn()`` without an exception, with finite parameters."""
+    return not row["error"] and row["params_finite"]
+
+
+def report(out: Path) -> None:
+    """``stress.md`` and ``stress.png`` from ``stress.jsonl``."""
+    meta, runs = common.read_jsonl(out / f"{SUITE}.jsonl")
+    names = [name for name in CONFIGS if any(row["config"] == name for row in runs)]
+    lines = common.report_header(
+        "Stress: misconfigurations, stock SB3 vs sb3-safe",
+        meta,
+        [
+            f"Budget: seeds {meta.get('budget', {}).get('seeds')}, timesteps per run"
+            f" {meta.get('budget', {}).get('timesteps')}; final return: deterministic policy,"
+            f" {meta.get('budget', {}).get('eval_episodes')} episodes of the unmodified task (observation scaling kept).",
+            "Start: rl-zoo's tuned entry for the env (`rl_zoo3/hyperparams/{ppo,a2c}.yml`), then one thing broken.",
+            "Roles: stock SB3 (PPO / A2C, MlpPolicy); safe policy (PPO / A2C with SafeMlpPolicy); safe algorithm"
+            " (KLAdaptivePPO / SafeA2C); safe algorithm + `NonFiniteGuardCallback(on_nonfinite='rollback')`"
+            " (max 3 rollbacks, then it stops training, which is counted as 'stopped by guard').",
+        ],
+    )
+    summary, details = [], []
+    for name in names:
+        config = CONFIGS[name]
+        cells = [f"`{name}`"]
+        for role, variant in zip(ROLES, FAMILY_VARIANTS[config.family], strict=True):
+            selected = [row for row in runs if row["config"] == name and row["variant"] == variant]
+            healthy = sum(_healthy(row) for row in selected)
+            cells.append(f"{healthy}/{len(selected)}")
+            errors = sorted({row["error"] for row in selected if row["error"]})
+            errors += sorted({f"in evaluation: {row['eval_error']}" for row in selected if row.get("eval_error")})
+            details.append(
+                [
+                    f"`{name}`",
+                    f"{role}: {variant}",
+                    sum(bool(row["error"]) for row in selected),
+                    sum(not row["params_finite"] for row in selected),
+                    _sum(selected, "skipped_updates"),
+                    _sum(selected, "guard_rollbacks"),
+                    _sum(selected, "guard_stopped"),
+                    common.mean_std(row["final_return"] for row in selected),
+                    "<br>".join(errors) or "-",
+                ]
+            )
+        summary.append([*cells, config.description])
+    lines += [
+        "## Runs that finished with finite parameters and no exception",
+        "",
+        *common.table(["config", *ROLES, "misconfiguration"], summary),
+        "",
+        "![stress](stress.png)",
+        "",
+        "## Per configuration and variant",
+        "",
+        *common.table(
+            [
+                "config",
+                "variant",
+                "exceptions",
+                "non-finite params",
+                "skipped steps",
+                "guard rollbacks",
+                "stopped by guard",
+                "final return",
+                "exceptions (type: first line)",
+            ],
+            details,
+        ),
+    ]
+    common.write_report(out / f"{SUITE}.md", lines)
+    plot(runs, names, out)
+
+
+def _sum(rows: list[dict[str, Any]], key: str) -> int | str:
+    values = [row[key] for row in rows if row[key] is not None]
+    return int(sum(values)) if values else "-"
+
+
+def plot(runs: list[dict[str, Any]], names: list[str], out: Path) -> None:
+    """Share of healthy runs per configuration and role."""
+    plt = common.pyplot()
+    figure, axis = plt.subplots(figsize=(max(6, 1.1 * len(names) + 2), 4.5))
+    x = np.arange(len(names))
+    width = 0.8 / len(ROLES)
+    for index, role in enumerate(ROLES):
+        shares = []
+        for name in names:
+            selected = [row for row in runs if row["config"] == name and row["role"] == role]
+            shares.append(np.mean([_healthy(row) for row in selected]) if selected else np.nan)
+        axis.bar(x + (index - 1.5) * width, shares, width=width, label=role)
+    axis.set_xticks(x, names, rotation=30, ha="right", fontsize=8)
+    axis.set(ylabel="share of runs: no exception, finite params", ylim=(0, 1.05), title="Stress: runs that stayed finite")
+    axis.legend(fontsize=7, loc="lower left")
+    common.save_figure(figure, out / "stress.png")

@@ -1,0 +1,46 @@
+"""The benchmark harness runs end to end at a tiny budget (the numbers are not checked, only their shape)."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks.__main__ import main
+
+#: Columns every run row has, and the ones each suite adds
+COMMON_KEYS = {"kind", "variant", "env", "seed", "timesteps", "wall_s", "cpu_s", "error", "params_finite", "final_return"}
+SUITE_KEYS = {
+    "overhead": {"round", "position", "steps_per_s", "cpu_steps_per_s"},
+    "learning": {"family", "curve", "skipped_updates", "kl_beta"},
+    "stress": {"config", "role", "guard_rollbacks", "guard_stopped"},
+}
+TABLE_HEADERS = {
+    "overhead": "| env | variant | baseline | steps/s (median) | wall ratio (median) |",
+    "learning": "| env | PPO return | KLAdaptivePPO return |",
+    "stress": "| config | stock SB3 | safe policy | safe algorithm | safe algorithm + guard |",
+}
+PLOTS = {"overhead": ["overhead.png"], "learning": ["learning_CartPole-v1.png"], "stress": ["stress.png"]}
+
+
+@pytest.mark.parametrize("suite", sorted(SUITE_KEYS))
+def test_suite_runs_end_to_end(suite: str, tmp_path: Path) -> None:
+    main(["run", suite, "--size", "tiny", "--jobs", "1", "--out", str(tmp_path)])
+
+    lines = [json.loads(line) for line in (tmp_path / f"{suite}.jsonl").read_text().splitlines()]
+    metas = [row for row in lines if row["kind"] == "meta"]
+    runs = [row for row in lines if row["kind"] == "run"]
+    assert metas[-1]["command"] == f"python -m benchmarks run {suite} --size tiny --jobs 1 --out {tmp_path}"
+    assert {"cpu", "cores", "sb3", "torch", "sb3_safe", "budget", "wall_s"} <= set(metas[-1])
+    assert runs and all(COMMON_KEYS | SUITE_KEYS[suite] <= set(row) for row in runs)
+    # Stock SB3 and sb3-safe side by side in the same invocation
+    assert {"PPO", "KLAdaptivePPO"} <= {row["variant"] for row in runs}
+
+    report = (tmp_path / f"{suite}.md").read_text()
+    assert f"Command: `{metas[-1]['command']}`" in report
+    assert TABLE_HEADERS[suite] in report
+    assert all((tmp_path / png).stat().st_size > 0 for png in PLOTS[suite])
+
+    # The report is rebuilt from the JSONL alone, keeping notes written below the marker
+    (tmp_path / f"{suite}.md").write_text(report + "my reading\n")
+    main(["report", suite, "--out", str(tmp_path)])
+    assert (tmp_path / f"{suite}.md").read_text().endswith("my reading\n")
