@@ -13,8 +13,6 @@ shows the Python entry point, :func:`sb3_safe.zoo.train`, which takes rl_zoo3's 
 import argparse
 from pathlib import Path
 
-import numpy as np
-
 from sb3_safe.zoo import train
 
 ENV_ID = "PongNoFrameskip-v4"
@@ -35,10 +33,7 @@ def main() -> None:
     report = train(zoo_args)
     assert report is not None, "rl_zoo3 saved no model"
     # Atari is evaluated with stochastic actions, as rl_zoo3 does: a deterministic policy can stall a game
-    print(f"saved model: {report.model_path}")
-    print(f"learning curve: {report.learning_curve or 'none (no game finished during training)'}")
-    returns = report.episode_returns
-    print(f"evaluation over {len(returns)} games: mean score {np.mean(returns):.1f} +/- {np.std(returns):.1f}")
+    print(report.summary())
 
 
 if __name__ == "__main__":

@@ -10,8 +10,6 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-import numpy as np
-
 from sb3_safe.doctor import run_doctor
 
 #: exit status for bad input to ``train`` / ``enjoy`` (argparse's for usage errors)
@@ -60,13 +58,7 @@ def _zoo(args: argparse.Namespace) -> int:
     except zoo.ZooUsageError as error:
         return _fail(args.command, str(error))
     if report is not None:
-        returns = report.episode_returns
-        print(f"saved model: {report.model_path}")
-        print(f"learning curve: {report.learning_curve or 'none (no training episode finished)'}")
-        print(
-            f"evaluation over {len(returns)} episodes ({'deterministic' if report.deterministic else 'stochastic'}): "
-            f"mean return {np.mean(returns):.1f} +/- {np.std(returns):.1f}"
-        )
+        print(report.summary())
     return 0
 
 

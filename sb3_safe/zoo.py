@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
+import numpy as np
 import optuna
 import yaml
 from huggingface_sb3 import EnvironmentName
@@ -71,6 +72,17 @@ class RunReport:
     learning_curve: Path | None
     episode_returns: list[float]
     deterministic: bool
+
+    def summary(self) -> str:
+        """Three lines: the model, the learning curve and the evaluation."""
+        returns = self.episode_returns
+        actions = "deterministic" if self.deterministic else "stochastic"
+        return (
+            f"saved model: {self.model_path}\n"
+            f"learning curve: {self.learning_curve or 'none (no training episode finished)'}\n"
+            f"evaluation over {len(returns)} episodes ({actions}): "
+            f"mean return {np.mean(returns):.1f} +/- {np.std(returns):.1f}"
+        )
 
 
 def register() -> None:

@@ -20,7 +20,7 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 def test_train_report_then_enjoy_and_load(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     # python -m sb3_safe, as a user runs it: 2,048 steps of 8 CartPoles, rl_zoo3's evaluation every 1,024 steps
     command = [sys.executable, "-m", "sb3_safe", "train", "--algo", "kl_ppo", "--env", "CartPole-v1", "-n", "2048"]
-    command += ["-f", str(tmp_path), "--seed", "3", "--eval-freq", "1024", "--eval-episodes", "3", "-P"]
+    command += ["-f", str(tmp_path), "--seed", "3", "--eval-freq", "1024", "--eval-episodes", "3", "-P", "--num-threads", "1"]
     result = subprocess.run(command, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     run = tmp_path / "kl_ppo" / "CartPole-v1_1"

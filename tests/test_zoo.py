@@ -230,7 +230,7 @@ def test_non_editable_install_ships_the_configs(tmp_path: Path) -> None:
     subprocess.run([*pip, "install", "--no-deps", "--target", str(target), str(wheel)], check=True)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    env = {**os.environ, "PYTHONPATH": str(target)}
+    env = {**os.environ, "PYTHONPATH": str(target), "OMP_NUM_THREADS": "1"}
     command = [sys.executable, "-m", "sb3_safe", "train", "--algo", "safe_a2c", "--env", "CartPole-v1", "-n", "40"]
     result = subprocess.run([*command, "--no-report", "-f", "runs"], cwd=elsewhere, env=env, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
