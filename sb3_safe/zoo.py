@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
+import matplotlib.pyplot as plt
 import numpy as np
 import optuna
 import yaml
@@ -326,8 +327,6 @@ def plot_learning_curve(run_folder: Path, title: str) -> Path | None:
     :param title: the plot title
     :return: the PNG written into the run folder, or None if no episode finished
     """
-    import matplotlib.pyplot as plt
-
     if load_results(str(run_folder)).empty:
         return None
     # SB3's plotter: each episode's return, and the mean over 100 episodes once there are that many
