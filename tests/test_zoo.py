@@ -97,7 +97,8 @@ def test_top_level_zoo_configs_is_the_packaged_folder() -> None:
 
 @pytest.mark.parametrize("algo, entry", CONFIG_ENTRIES)
 def test_entry_is_rl_zoo_entry_it_cites_plus_guard(algo: str, entry: str) -> None:
-    """Every entry cites an rl-zoo entry and keeps its values; it changes only the policy and adds the guard."""
+    """Every entry cites an rl-zoo entry and keeps its values; it changes only the policy and adds the guard
+    (and, for kl_ppo, its KL target)."""
     ours = dict(load_config(algo)[entry])
     zoo_file, zoo_entry = zoo_citations(algo)[entry]
     assert zoo_file == {"kl_ppo": "ppo", "safe_a2c": "a2c"}.get(algo, algo)
@@ -107,6 +108,9 @@ def test_entry_is_rl_zoo_entry_it_cites_plus_guard(algo: str, entry: str) -> Non
     policy = zoo.pop("policy")
     expected_policy = policy if algo in ("kl_ppo", "safe_a2c") else f"sb3_safe.Safe{policy}"
     assert ours.pop("policy") == expected_policy
+    if algo == "kl_ppo" and entry != "atari":
+        # d_targ measured for the penalty on top of clipping (see kl_ppo.yml's header)
+        assert ours.pop("adaptive_kl_target") == 0.03
     if (algo, entry) == ("safe_a2c", "atari"):
         # SafeA2C's shortcut for the zoo's optimizer setting
         assert zoo.pop("policy_kwargs") == "dict(optimizer_class=RMSpropTFLike, optimizer_kwargs=dict(eps=1e-5))"
