@@ -8,8 +8,9 @@ Usage::
 
 Each suite writes ``<out>/<suite>.jsonl`` (a meta row with command, machine, versions and budget, then one row
 per run), ``<out>/<suite>.md`` and PNG plots. Default out: ``benchmarks/results``.
-Expected wall time on 2 shared CPU cores with ``--jobs 2``: quick about 4 min for all three suites; full about
-10 min (overhead), 25 min (learning), 10 min (stress).
+Expected wall time with ``--jobs 2`` on 2 CPU cores shared with other jobs (about a third of a core per process,
+as measured here): quick about 6 min for all three suites; full about 10 min (stress), 20 min (learning) and
+6 min (overhead). On 2 idle cores, about a third of that.
 """
 
 import argparse

@@ -29,13 +29,13 @@ BUDGETS: dict[str, dict[tuple[str, str], int]] = {
         ("A2C", "Hopper-v5"): 1_000,
     },
     "full": {
-        ("PPO", "CartPole-v1"): 20_000,
+        ("PPO", "CartPole-v1"): 20_480,
         ("PPO", "Pendulum-v1"): 20_480,
-        ("PPO", "Hopper-v5"): 10_240,
+        ("PPO", "Hopper-v5"): 8_192,
         ("A2C", "CartPole-v1"): 30_000,
         ("A2C", "Acrobot-v1"): 30_000,
         ("A2C", "Pendulum-v1"): 40_000,
-        ("A2C", "Hopper-v5"): 10_000,
+        ("A2C", "Hopper-v5"): 8_000,
     },
 }
 SEEDS = {"tiny": (0,), "quick": (0,), "full": (0, 1, 2)}

@@ -45,7 +45,7 @@ ROUNDS = {"tiny": 1, "quick": 2, "full": 5}
 TIMESTEPS = {
     "tiny": {"CartPole-v1": 256},
     "quick": {"CartPole-v1": 1_024, "Hopper-v5": 512},
-    "full": {"CartPole-v1": 3_072, "Hopper-v5": 1_024},
+    "full": {"CartPole-v1": 2_048, "Hopper-v5": 1_024},
 }
 
 

@@ -73,7 +73,7 @@ class RewardSpikes(gym.Wrapper):
         return observation, reward, terminated, truncated, info
 
 
-def saturate_action_mean(model: Any, bias: float = 25.0) -> None:
+def saturate_action_mean(model: Any, bias: float) -> None:
     """Push the actor's mean to ``bias``, where float32 ``tanh`` is exactly 1 (a policy gone to the bound)."""
     import torch as th
 
@@ -173,7 +173,7 @@ CONFIGS = {
             "PPO Pendulum-v1 (gSDE), n_steps 64 x 4 envs, batch_size 8, n_epochs 50 (zoo: 1024, 64, 10)",
             "PPO",
             "Pendulum-v1",
-            _steps(256, 256, 768),
+            _steps(256, 256, 512),
             dict(n_steps=64, batch_size=8, n_epochs=50),
         ),
         StressConfig(
@@ -186,20 +186,33 @@ CONFIGS = {
         ),
         StressConfig(
             "rmsprop_lr_100x_discrete",
-            "A2C CartPole-v1, RMSpropTFLike(eps=1e-5) as zoo's Atari A2C, learning rate 0.07 (100x)",
+            "A2C CartPole-v1, RMSpropTFLike(eps=1e-5) as zoo's Atari A2C, learning rate 0.07 (100x), no gradient"
+            " clipping (max_grad_norm=inf)",
             "A2C",
             "CartPole-v1",
             _steps(512, 2_000, 8_000),
-            dict(learning_rate=0.07, policy_kwargs="dict(optimizer_class=RMSpropTFLike, optimizer_kwargs=dict(eps=1e-5))"),
+            dict(
+                learning_rate=0.07,
+                max_grad_norm=float("inf"),
+                policy_kwargs="dict(optimizer_class=RMSpropTFLike, optimizer_kwargs=dict(eps=1e-5))",
+            ),
         ),
         StressConfig(
             "squashed_saturated",
-            "PPO Pendulum-v1 (gSDE; n_steps 256), squash_output=True, action_net bias 25 (float32 tanh == 1.0)",
+            "PPO Hopper-v5 (zoo's Hopper entry + gSDE), squash_output=True, log_std_init=-3, n_steps 128, batch_size 16,"
+            " n_epochs 10, action_net bias 12 (every action saturates to 1.0 in float32): the reported setup",
             "PPO",
-            "Pendulum-v1",
-            _steps(1_024, 1_024, 4_096),
-            dict(_PENDULUM_PPO, policy_kwargs="dict(squash_output=True)"),
-            prepare=saturate_action_mean,
+            "Hopper-v5",
+            _steps(256, 256, 512),
+            dict(
+                use_sde=True,
+                n_steps=128,
+                batch_size=16,
+                n_epochs=10,
+                policy_kwargs="dict(squash_output=True, log_std_init=-3, ortho_init=False, activation_fn=nn.ReLU,"
+                " net_arch=dict(pi=[256, 256], vf=[256, 256]))",
+            ),
+            prepare=functools.partial(saturate_action_mean, bias=12.0),
         ),
     )
 }
