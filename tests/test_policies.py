@@ -199,10 +199,11 @@ class ForwardEvaluateConsistency(BaseCallback):
         self.n_saturated += int((actions.abs() >= 1.0 - 1e-6).sum())
 
 
+@pytest.mark.parametrize("use_sde", [False, True])
 @pytest.mark.parametrize("algo", [PPO, A2C])
-def test_squashed_log_prob_from_stored_action_matches_forward_when_saturated(algo):
-    """Stock PPO/A2C store only the squashed action; the recomputed log-prob still equals forward's."""
-    model = algo(SafeMlpPolicy, "Pendulum-v1", n_steps=128, seed=0, policy_kwargs=dict(squash_output=True))
+def test_squashed_log_prob_from_stored_action_matches_forward_when_saturated(algo, use_sde):
+    """Stock PPO/A2C store only the squashed action; the recomputed log-prob still equals forward's (also gSDE)."""
+    model = algo(SafeMlpPolicy, "Pendulum-v1", n_steps=128, seed=0, use_sde=use_sde, policy_kwargs=dict(squash_output=True))
     with th.no_grad():
         # push the mean deep into tanh saturation (|mean| >= 20) with a small std
         model.policy.action_net.bias.fill_(25.0)

@@ -183,6 +183,29 @@ def log_normal_cdf(z_score: th.Tensor) -> th.Tensor:
     return th.where(z_score < 0, left_tail, right_side)
 
 
+def squashed_gaussian_log_prob(actions: th.Tensor, mean: th.Tensor, log_std: th.Tensor) -> th.Tensor:
+    """
+    Element-wise log-prob of squashed actions ``a = tanh(u)``, ``u ~ N(mean, exp(log_std))``, as a function of ``a``
+    alone (see :class:`SquashedBoundedGaussianDistribution`): the exact density inside ``+-SQUASH_LIMIT``, the
+    censored mass ``P(|u| >= atanh(SQUASH_LIMIT))`` on the limits (actions beyond them count as on them).
+
+    :param actions: squashed actions in ``[-1, 1]``
+    :param mean: pre-squash Gaussian mean
+    :param log_std: pre-squash Gaussian log standard deviation, inside ``[-40, 40]``
+    """
+    squashed = actions.clamp(-SQUASH_LIMIT, SQUASH_LIMIT)
+    presquash = th.atanh(squashed)
+    log_density = gaussian_log_prob(presquash, mean, log_std) - log_tanh_jacobian(presquash)
+    # censored mass: log P(u >= u_max) = log Phi(-z(u_max)), log P(u <= -u_max) = log Phi(z(-u_max))
+    z_upper = standardize(th.full_like(mean, PRESQUASH_LIMIT), mean, log_std)
+    z_lower = standardize(th.full_like(mean, -PRESQUASH_LIMIT), mean, log_std)
+    return th.where(
+        squashed >= SQUASH_LIMIT,
+        log_normal_cdf(-z_upper),
+        th.where(squashed <= -SQUASH_LIMIT, log_normal_cdf(z_lower), log_density),
+    )
+
+
 class BoundedDiagGaussianDistribution(DiagGaussianDistribution):
     """
     Diagonal Gaussian whose std is always inside ``[exp(lo), exp(hi)]``, whatever the log-std parameter holds.
@@ -241,19 +264,7 @@ class SquashedBoundedGaussianDistribution(BoundedDiagGaussianDistribution):
     """
 
     def log_prob(self, actions: th.Tensor) -> th.Tensor:
-        squashed = actions.clamp(-SQUASH_LIMIT, SQUASH_LIMIT)
-        presquash = th.atanh(squashed)
-        mean, log_std = self.distribution.mean, self.bounded_log_std
-        log_density = gaussian_log_prob(presquash, mean, log_std) - log_tanh_jacobian(presquash)
-        # censored mass: log P(u >= u_max) = log Phi(-z(u_max)), log P(u <= -u_max) = log Phi(z(-u_max))
-        z_upper = standardize(th.full_like(mean, PRESQUASH_LIMIT), mean, log_std)
-        z_lower = standardize(th.full_like(mean, -PRESQUASH_LIMIT), mean, log_std)
-        log_prob = th.where(
-            squashed >= SQUASH_LIMIT,
-            log_normal_cdf(-z_upper),
-            th.where(squashed <= -SQUASH_LIMIT, log_normal_cdf(z_lower), log_density),
-        )
-        return sum_independent_dims(log_prob)
+        return sum_independent_dims(squashed_gaussian_log_prob(actions, self.distribution.mean, self.bounded_log_std))
 
     def entropy(self) -> th.Tensor:
         """
@@ -272,7 +283,10 @@ class SquashedBoundedGaussianDistribution(BoundedDiagGaussianDistribution):
 
 class BoundedStateDependentNoiseDistribution(StateDependentNoiseDistribution):
     """
-    gSDE distribution whose exploration std is computed from a log-std clamped to ``log_std_range``.
+    gSDE distribution whose exploration std is computed from a log-std clamped to ``log_std_range``, and whose
+    log-probs use the finite Gaussian density and, with ``squash_output``, the squashed log-prob of
+    :func:`squashed_gaussian_log_prob` (SB3's ``atanh`` of a clipped action disagrees with the sampled one
+    once tanh saturates).
 
     :param action_dim: dimension of the action space
     :param log_std_range: ``(lo, hi)`` bounds of the log standard deviation
@@ -286,6 +300,14 @@ class BoundedStateDependentNoiseDistribution(StateDependentNoiseDistribution):
     def get_std(self, log_std: th.Tensor) -> th.Tensor:
         check_finite("policy log_std", log_std, _NONFINITE_OUTPUT_HINT)
         return super().get_std(log_std.clamp(*self.log_std_range))
+
+    def log_prob(self, actions: th.Tensor) -> th.Tensor:
+        mean = self.distribution.mean
+        # the std mixes the exploration matrix with the latent features: bound it to what standardize supports
+        log_std = self.distribution.stddev.log().clamp(-LOG_STD_LIMIT, LOG_STD_LIMIT)
+        if self.bijector is not None:
+            return sum_independent_dims(squashed_gaussian_log_prob(actions, mean, log_std))
+        return sum_independent_dims(gaussian_log_prob(actions, mean, log_std))
 
 
 class SafeCategoricalDistribution(CategoricalDistribution):
