@@ -8,9 +8,9 @@ Usage::
 
 Each suite writes ``<out>/<suite>.jsonl`` (a meta row with command, machine, versions and budget, then one row
 per run), ``<out>/<suite>.md`` and PNG plots. Default out: ``benchmarks/results``.
-Expected wall time with ``--jobs 2`` on 2 CPU cores shared with other jobs (about a third of a core per process,
-as measured here): quick about 6 min for all three suites; full about 10 min (stress), 20 min (learning) and
-6 min (overhead). On 2 idle cores, about a third of that.
+Expected wall time with ``--jobs 2`` on the 2 shared CPU cores used for the committed results (load average
+about 2-3): quick about 5 min for all three suites; full about 8 min (stress), 17 min (learning) and 7 min
+(overhead). On a busier machine (load 6 on 2 cores was seen here) up to three times that.
 """
 
 import argparse

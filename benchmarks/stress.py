@@ -355,6 +355,6 @@ def plot(runs: list[dict[str, Any]], names: list[str], out: Path) -> None:
             shares.append(np.mean([_healthy(row) for row in selected]) if selected else np.nan)
         axis.bar(x + (index - 1.5) * width, shares, width=width, label=role)
     axis.set_xticks(x, names, rotation=30, ha="right", fontsize=8)
-    axis.set(ylabel="share of runs: no exception, finite params", ylim=(0, 1.05), title="Stress: runs that stayed finite")
-    axis.legend(fontsize=7, loc="lower left")
+    axis.set(ylabel="share of runs: no exception, finite params", ylim=(0, 1.25), title="Stress: runs that stayed finite")
+    axis.legend(fontsize=7, loc="upper center", ncol=len(ROLES))
     common.save_figure(figure, out / "stress.png")
