@@ -16,27 +16,15 @@ from benchmarks import common
 SUITE = "learning"
 #: (stock, safe) compared in each family
 PAIRS = {"PPO": ("PPO", "KLAdaptivePPO"), "A2C": ("A2C", "SafeA2C")}
-#: Training timesteps per (family, env) and size; zoo's budgets are in the report
-BUDGETS: dict[str, dict[tuple[str, str], int]] = {
-    "tiny": {("PPO", "CartPole-v1"): 512, ("A2C", "CartPole-v1"): 512},
-    "quick": {
-        ("PPO", "CartPole-v1"): 4_096,
-        ("PPO", "Pendulum-v1"): 4_096,
-        ("PPO", "Hopper-v5"): 1_024,
-        ("A2C", "CartPole-v1"): 4_000,
-        ("A2C", "Acrobot-v1"): 4_000,
-        ("A2C", "Pendulum-v1"): 4_000,
-        ("A2C", "Hopper-v5"): 1_000,
-    },
-    "full": {
-        ("PPO", "CartPole-v1"): 20_480,
-        ("PPO", "Pendulum-v1"): 20_480,
-        ("PPO", "Hopper-v5"): 8_192,
-        ("A2C", "CartPole-v1"): 30_000,
-        ("A2C", "Acrobot-v1"): 30_000,
-        ("A2C", "Pendulum-v1"): 40_000,
-        ("A2C", "Hopper-v5"): 8_000,
-    },
+#: Training timesteps per (family, env) and size (0: not run at that size); zoo's budgets are in the report
+BUDGETS: dict[tuple[str, str], dict[str, int]] = {
+    ("PPO", "CartPole-v1"): dict(tiny=512, quick=4_096, full=51_200),
+    ("PPO", "Pendulum-v1"): dict(tiny=0, quick=4_096, full=49_152),
+    ("PPO", "Hopper-v5"): dict(tiny=0, quick=1_024, full=20_480),
+    ("A2C", "CartPole-v1"): dict(tiny=512, quick=4_000, full=50_000),
+    ("A2C", "Acrobot-v1"): dict(tiny=0, quick=4_000, full=75_000),
+    ("A2C", "Pendulum-v1"): dict(tiny=0, quick=4_000, full=100_000),
+    ("A2C", "Hopper-v5"): dict(tiny=0, quick=1_000, full=20_000),
 }
 SEEDS = {"tiny": (0,), "quick": (0,), "full": (0, 1, 2)}
 EVAL_EPISODES = {"tiny": 1, "quick": 3, "full": 10}
@@ -44,7 +32,7 @@ EVAL_EPISODES = {"tiny": 1, "quick": 3, "full": 10}
 
 def jobs(size: str) -> list[tuple[str, str, str, int, int, int]]:
     """(family, env, variant, seed, timesteps, eval episodes), longest first so the pool ends together."""
-    budgets = sorted(BUDGETS[size].items(), key=lambda item: -item[1])
+    budgets = sorted(((key, steps[size]) for key, steps in BUDGETS.items() if steps[size]), key=lambda item: -item[1])
     return [
         (family, env_id, variant, seed, timesteps, EVAL_EPISODES[size])
         for (family, env_id), timesteps in budgets
@@ -66,7 +54,7 @@ def budget(size: str) -> dict[str, Any]:
     return dict(
         seeds=list(SEEDS[size]),
         eval_episodes=EVAL_EPISODES[size],
-        timesteps={f"{family} {env}": steps for (family, env), steps in BUDGETS[size].items()},
+        timesteps={f"{family} {env}": steps[size] for (family, env), steps in BUDGETS.items() if steps[size]},
     )
 
 
@@ -90,9 +78,10 @@ def report(out: Path) -> None:
             f" {meta.get('budget', {}).get('eval_episodes')} evaluation episodes on a fresh env (frozen observation"
             " normalization), mean +- std over seeds. Curves: mean of the last 20 training episodes, seed mean,"
             " band min-max.",
-            "Budgets: " + "; ".join(zoo_lines),
+            "Budgets (training timesteps per run; the zoo entry read):",
         ],
     )
+    lines[-1:-1] = [f"  - {line}" for line in zoo_lines]
     for family, (stock, safe) in PAIRS.items():
         rows = []
         for fam, env_id in keys:
@@ -100,7 +89,10 @@ def report(out: Path) -> None:
                 continue
             selected = {name: _select(runs, family, env_id, name) for name in (stock, safe)}
             finals = {name: [row["final_return"] for row in chosen] for name, chosen in selected.items()}
-            wall = np.mean([row["wall_s"] for row in selected[safe]]) / np.mean([row["wall_s"] for row in selected[stock]])
+            wall, cpu = (
+                np.mean([row[key] for row in selected[safe]]) / np.mean([row[key] for row in selected[stock]])
+                for key in ("wall_s", "cpu_s")
+            )
             failures = [
                 sum(bool(row["error"]) or not row["params_finite"] for row in selected[name]) for name in (stock, safe)
             ]
@@ -112,7 +104,7 @@ def report(out: Path) -> None:
                     common.mean_std(finals[stock]),
                     common.mean_std(finals[safe]),
                     _verdict(finals[stock], finals[safe]),
-                    f"{wall:.2f}",
+                    f"{wall:.2f} / {cpu:.2f}",
                     f"{failures[0]} / {failures[1]}",
                     skipped,
                     *([betas] if family == "PPO" else []),
@@ -125,7 +117,7 @@ def report(out: Path) -> None:
             f"{stock} return",
             f"{safe} return",
             "safe no worse within seed noise?",
-            f"wall ratio {safe}/{stock}",
+            f"time ratio {safe}/{stock} wall / CPU",
             f"failures {stock} / {safe}",
             f"{safe} skipped steps",
             *(["final beta per seed"] if family == "PPO" else []),
@@ -151,8 +143,8 @@ def _timesteps(runs: list[dict[str, Any]], family: str, env_id: str) -> int:
 def _verdict(stock: list[float], safe: list[float]) -> str:
     """Whether the safe mean is within the summed seed std of the stock mean (or above it)."""
     stock_a, safe_a = np.asarray(stock, dtype=float), np.asarray(safe, dtype=float)
-    if not np.isfinite(safe_a).any() or not np.isfinite(stock_a).any():
-        return "n/a"
+    if np.isfinite(safe_a).sum() < 2 or np.isfinite(stock_a).sum() < 2:
+        return "n/a (< 2 seeds)"
     gap = np.nanmean(stock_a) - np.nanmean(safe_a)
     noise = np.nanstd(stock_a) + np.nanstd(safe_a)
     return "yes" if gap <= noise else f"**no** (gap {gap:.1f} > {noise:.1f})"
