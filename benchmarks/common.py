@@ -345,6 +345,7 @@ def machine_info() -> dict[str, Any]:
     if models:
         cpu = models[0].split(":", 1)[1].strip()
     return dict(
+        commit=_git_commit(),
         cpu=cpu,
         cores=os.cpu_count(),
         load_avg=round(os.getloadavg()[0], 2),
@@ -354,6 +355,19 @@ def machine_info() -> dict[str, Any]:
         gymnasium=gymnasium.__version__,
         sb3_safe=sb3_safe.__version__,
     )
+
+
+def _git_commit() -> str | None:
+    """The repository's commit (``+dirty`` with uncommitted changes under ``sb3_safe/``): the code measured."""
+    import subprocess
+
+    root = Path(__file__).parent.parent
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True, check=True)
+        dirty = subprocess.run(["git", "status", "--porcelain", "sb3_safe"], cwd=root, capture_output=True, text=True)
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
 
 
 def write_jsonl(path: Path, rows: Iterable[dict[str, Any]], mode: str = "w") -> None:
@@ -418,7 +432,8 @@ def report_header(title: str, meta: dict[str, Any], budget_lines: list[str]) -> 
         f"- Machine: {meta.get('cpu')}, {meta.get('cores')} cores, shared with other jobs (1-min load average before /"
         f" after: {meta.get('load_avg')} / {meta.get('load_avg_after', '?')})",
         f"- Versions: Python {meta.get('python')}, torch {meta.get('torch')}, SB3 {meta.get('sb3')}, gymnasium"
-        f" {meta.get('gymnasium')}, sb3-safe {meta.get('sb3_safe')}",
+        f" {meta.get('gymnasium')}, sb3-safe {meta.get('sb3_safe')}"
+        + (f" (commit {meta['commit']})" if meta.get("commit") else ""),
         *[f"- {line}" for line in budget_lines],
         "",
     ]
