@@ -8,9 +8,9 @@ Usage::
 
 Each suite writes ``<out>/<suite>.jsonl`` (a meta row with command, machine, versions and budget, then one row
 per run), ``<out>/<suite>.md`` and PNG plots. Default out: ``benchmarks/results``.
-Expected wall time with ``--jobs 2`` on the 2 shared CPU cores used for the committed results (load average
-about 2-3): quick about 5 min for all three suites; full about 8 min (stress), 17 min (learning) and 7 min
-(overhead). On a busier machine (load 6 on 2 cores was seen here) up to three times that.
+Wall time with ``--jobs 2`` on the 2 shared CPU cores of the committed results: quick 1.8 min for all three
+suites (measured, load average 1.3-1.7); full 4.7 min (stress), 18.6 min (learning), 2.5 min (overhead), as
+written in each report. With other jobs on the machine (load 6 on 2 cores was seen here) up to three times that.
 """
 
 import argparse
