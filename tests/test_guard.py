@@ -204,6 +204,22 @@ def test_raise_names_the_weight_the_timestep_and_the_phase() -> None:
     assert "learning rate" in message and "SafeMlpPolicy" in message
 
 
+def test_a_weight_given_new_storage_mid_training_is_still_watched() -> None:
+    model = small_ppo()
+    weight = model.policy.mlp_extractor.policy_net[0].weight
+
+    def new_storage(model: BaseAlgorithm) -> None:
+        weight.data = weight.data.clone()  # e.g. a user's re-initialization; the optimizer keeps the Parameter
+
+    replace = CorruptAtTimestep(40, new_storage)  # between the first and the second train()
+    injector = CorruptAfterOptimizerStep(model, model.policy.optimizer, {3}, first_weight_nan(model))
+    with pytest.raises(NonFiniteError) as error:
+        model.learn(256, callback=[replace, NonFiniteGuardCallback()])
+    assert injector.timesteps == [64]
+    assert "timestep 64 (optimizer step of policy.optimizer in train())" in str(error.value)
+    assert "policy.mlp_extractor.policy_net.0.weight: 1 NaN" in str(error.value)
+
+
 def test_stop_saves_a_loadable_healthy_model(tmp_path: Any) -> None:
     model = small_ppo()
     CorruptAfterOptimizerStep(model, model.policy.optimizer, {3}, first_weight_nan(model))

@@ -8,7 +8,6 @@ from typing import Any
 
 import numpy as np
 import torch as th
-from gymnasium import spaces
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.logger import WARN
 from stable_baselines3.common.running_mean_std import RunningMeanStd
@@ -17,7 +16,14 @@ from stable_baselines3.common.type_aliases import Schedule
 from stable_baselines3.common.utils import FloatSchedule
 from torch.utils.hooks import RemovableHandle
 
-from sb3_safe.common.numerics import FlatCopy, NonFiniteError, NonFiniteTensor, array_is_finite, find_nonfinite
+from sb3_safe.common.numerics import (
+    ArrayFiniteCheck,
+    FlatCopy,
+    GradientNorm,
+    NonFiniteError,
+    NonFiniteTensor,
+    find_nonfinite,
+)
 
 ON_NONFINITE_MODES = ("raise", "stop", "rollback")
 REPORT_FILENAME = "nonfinite_guard.jsonl"
@@ -143,13 +149,6 @@ def _copy_obs_rms(obs_rms: RunningMeanStd | dict[str, RunningMeanStd]) -> Runnin
     return obs_rms.copy()
 
 
-def _zeros_for(space: spaces.Box, n_envs: int) -> np.ndarray | None:
-    """Zeros matching a batch of ``n_envs`` samples of a floating-point Box, flattened; None for integer Boxes."""
-    if np.dtype(space.dtype).kind != "f":
-        return None
-    return np.zeros(n_envs * int(np.prod(space.shape)), dtype=space.dtype)
-
-
 def _per_env(name: str, data: np.ndarray | dict[str, np.ndarray]) -> list[tuple[str, np.ndarray]]:
     """Split batched env data into one named entry per env (and per key for dict observations)."""
     if isinstance(data, dict):
@@ -227,9 +226,8 @@ class NonFiniteGuardCallback(BaseCallback):
         self._step_checks: dict[int, tuple[str, FlatCopy]] = {}
         self._hooks: list[RemovableHandle] = []
         self._vec_normalize: Any = None
-        self._reward_zeros = np.zeros(0)
-        self._obs_zeros: np.ndarray | None = None
-        self._action_zeros: np.ndarray | None = None
+        self._all_finite = ArrayFiniteCheck()
+        self._gradient_norm = GradientNorm([])
         self._healthy: _Snapshot | None = None
         self._scratch: _Snapshot | None = None
         self._checked_n_updates: int | None = None
@@ -257,30 +255,25 @@ class NonFiniteGuardCallback(BaseCallback):
     def _on_step(self) -> bool:
         if self._stopping:
             return False
-        new_obs, rewards = self.locals["new_obs"], self.locals["rewards"]
-        # Hot path: one dot product with zeros per array, as in array_is_finite, with the zeros allocated once
-        if rewards.dtype != self._reward_zeros.dtype:
-            # VecEnvs differ (float32 or float64); a mixed-dtype dot would be twice as slow
-            self._reward_zeros = np.zeros_like(rewards)
-        if self._obs_zeros is not None:
-            finite = math.isfinite(new_obs.ravel().dot(self._obs_zeros) + rewards.dot(self._reward_zeros))
-        else:
-            values = new_obs.values() if isinstance(new_obs, dict) else [new_obs]
-            finite = all(array_is_finite(value) for value in values) and array_is_finite(rewards)
-        if self._action_zeros is not None:
-            finite = finite and math.isfinite(self.locals["actions"].ravel().dot(self._action_zeros))
-        if not finite:
+        new_obs, rewards, actions = self.locals["new_obs"], self.locals["rewards"], self.locals["actions"]
+        observations = new_obs.values() if isinstance(new_obs, dict) else (new_obs,)
+        # Discrete actions are integers: the check skips them
+        if not self._all_finite(*observations, rewards, actions):
             self._locate_step_fault()
-        if not self._stopping and self._vec_normalize is not None and not self._vec_normalize_is_finite():
+        if not self._stopping and self._vec_normalize is not None and not self._vec_normalize_variances_finite():
             self._handle(NORMALIZATION, "env step", self._locate_vec_normalize())
         return not self._stopping
 
     def _on_rollout_end(self) -> None:
         buffer = getattr(self.model, "rollout_buffer", None)
         if buffer is not None and not self._stopping:
-            arrays = [(f"rollout buffer {name}", getattr(buffer, name, None)) for name in _ROLLOUT_BUFFER_ARRAYS]
-            named = [(name, array) for name, array in arrays if isinstance(array, np.ndarray)]
-            if not all(np.isfinite(array).all() for _, array in named):
+            arrays = [getattr(buffer, name, None) for name in _ROLLOUT_BUFFER_ARRAYS]
+            if not self._all_finite(*(array for array in arrays if isinstance(array, np.ndarray))):
+                named = [
+                    (f"rollout buffer {name}", array)
+                    for name, array in zip(_ROLLOUT_BUFFER_ARRAYS, arrays, strict=True)
+                    if isinstance(array, np.ndarray)
+                ]
                 self._handle(ROLLOUT, "end of rollout (returns and advantages computed)", find_nonfinite(named))
         self._record_counts()
 
@@ -320,23 +313,20 @@ class NonFiniteGuardCallback(BaseCallback):
             self._param_names.setdefault(value, name)
         self._log_std_names = [name for name in self._param_names.values() if name.endswith(".log_std")]
 
+        self._gradient_norm = GradientNorm(self._param_names)
         self._step_checks = {}
         for name, optimizer in self._optimizers:
-            params = [p for group in optimizer.param_groups for p in group["params"]]
-            named = [(self._param_names.get(p, f"{name} parameter {i}"), p) for i, p in enumerate(params)]
-            self._step_checks[id(optimizer)] = (name, FlatCopy(named))
+            self._step_checks[id(optimizer)] = (name, self._step_check(name, optimizer))
             self._hooks.append(optimizer.register_step_post_hook(self._after_optimizer_step))
             if self.check_gradients:
                 self._hooks.append(optimizer.register_step_pre_hook(self._before_optimizer_step))
 
         self._vec_normalize = self.model.get_vec_normalize_env()
-        # Discrete actions are integers and cannot be non-finite
-        # Zeros for the per-step dot products; integer data (discrete actions, images) cannot be non-finite
-        n_envs = self.model.n_envs
-        self._reward_zeros = np.zeros(n_envs, dtype=np.float32)
-        obs_space, action_space = self.model.observation_space, self.model.action_space
-        self._obs_zeros = _zeros_for(obs_space, n_envs) if isinstance(obs_space, spaces.Box) else None
-        self._action_zeros = _zeros_for(action_space, n_envs) if isinstance(action_space, spaces.Box) else None
+
+    def _step_check(self, name: str, optimizer: th.optim.Optimizer) -> FlatCopy:
+        """The per-step check of the parameters ``optimizer`` updates."""
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        return FlatCopy([(self._param_names.get(p, f"{name} parameter {i}"), p) for i, p in enumerate(params)])
 
     def _detach_hooks(self) -> None:
         for handle in self._hooks:
@@ -381,7 +371,11 @@ class NonFiniteGuardCallback(BaseCallback):
         self._checked_n_updates = getattr(self.model, "_n_updates", None)
 
     def _capture(self, snapshot: _Snapshot) -> None:
-        """Complete a snapshot whose tensors were just copied: what is not a floating-point tensor."""
+        """Complete a snapshot whose tensors were just copied: what is not a tensor, and statistics."""
+        snapshot.timestep = self.model.num_timesteps
+        snapshot.grad_norm = self._gradient_norm()
+        if self.on_nonfinite == "raise":
+            return  # never restored: the statistics above are all the error message needs
         snapshot.optimizer_states = [
             {param: dict(state) for param, state in optimizer.state.items()} for _, optimizer in self._optimizers
         ]
@@ -389,18 +383,9 @@ class NonFiniteGuardCallback(BaseCallback):
             [{key: value for key, value in group.items() if key != "params"} for group in optimizer.param_groups]
             for _, optimizer in self._optimizers
         ]
-        # Values that FlatCopy does not hold (e.g. integer step counters) are copied here
-        for states in snapshot.optimizer_states:
-            for state in states.values():
-                for key, value in state.items():
-                    if isinstance(value, th.Tensor) and not value.is_floating_point():
-                        state[key] = value.clone()
         venv = self._vec_normalize
         if venv is not None:
             snapshot.vec_normalize = (_copy_obs_rms(venv.obs_rms), venv.ret_rms.copy(), venv.returns.copy())
-        snapshot.timestep = self.model.num_timesteps
-        grads = [p.grad for p in self._param_names if p.grad is not None]
-        snapshot.grad_norm = th.linalg.vector_norm(th.stack(th._foreach_norm(grads))).item() if grads else None
 
     def _restore(self, snapshot: _Snapshot) -> None:
         snapshot.flat.restore()
@@ -409,10 +394,8 @@ class NonFiniteGuardCallback(BaseCallback):
             # State entries created after the snapshot are dropped: the optimizer re-creates them lazily
             optimizer.state.clear()
             for param, state in states.items():
-                optimizer.state[param] = {
-                    key: value.clone() if isinstance(value, th.Tensor) and not value.is_floating_point() else value
-                    for key, value in state.items()
-                }
+                # Its tensors are the live ones, which the flat copy just restored
+                optimizer.state[param] = dict(state)
             for group, hyperparameters in zip(optimizer.param_groups, groups, strict=True):
                 group.update(hyperparameters)
             # Gradients of the failed step must not leak into the next one
@@ -497,7 +480,14 @@ class NonFiniteGuardCallback(BaseCallback):
         return arrays
 
     def _vec_normalize_is_finite(self) -> bool:
-        return all(array_is_finite(array) for _, array in self._vec_normalize_arrays())
+        return self._all_finite(*(array for _, array in self._vec_normalize_arrays()))
+
+    def _vec_normalize_variances_finite(self) -> bool:
+        # Every env step, so only the variances: a non-finite mean or return reaches the normalized data the step
+        # checks (or, through ret_rms.update, the reward variance), but an infinite variance normalizes to zeros
+        venv = self._vec_normalize
+        obs_rms = venv.obs_rms.values() if isinstance(venv.obs_rms, dict) else (venv.obs_rms,)
+        return math.isfinite(venv.ret_rms.var) and self._all_finite(*(rms.var for rms in obs_rms))
 
     def _locate_vec_normalize(self) -> list[NonFiniteTensor]:
         return find_nonfinite(self._vec_normalize_arrays())
@@ -515,11 +505,10 @@ class NonFiniteGuardCallback(BaseCallback):
                 from_env += self._locate_vec_normalize()
             self._handle(ENVIRONMENT, "env step", from_env)
             return
-        if self._action_zeros is not None:
-            actions = find_nonfinite(_per_env("action", self.locals["actions"]))
-            if actions:
-                self._handle(ROLLOUT, "env step (action sampled by the policy)", actions)
-                return
+        actions = find_nonfinite(_per_env("action", self.locals["actions"]))
+        if actions:
+            self._handle(ROLLOUT, "env step (action sampled by the policy)", actions)
+            return
         # The environment's output and the actions are finite, so the normalization made the data non-finite
         named = _per_env("normalized observation", self.locals["new_obs"])
         normalized = find_nonfinite(named + _per_env("normalized reward", self.locals["rewards"]))
@@ -648,6 +637,7 @@ class NumericsMonitorCallback(BaseCallback):
 
     def _on_training_start(self) -> None:
         self._params: list[th.Tensor] = [p for p in self.model.policy.parameters() if p.is_floating_point()]
+        self._gradient_norm = GradientNorm(self._params)
         log_std = getattr(self.model.policy, "log_std", None)
         self._log_std: th.Tensor | None = log_std if isinstance(log_std, th.Tensor) else None
 
@@ -663,6 +653,6 @@ class NumericsMonitorCallback(BaseCallback):
             record("train/log_std_max", high.item())
         if self._params:
             record("train/param_max_abs", th.stack(th._foreach_norm(self._params, ord=math.inf)).amax().item())
-        grads = [p.grad for p in self._params if p.grad is not None]
-        if grads:
-            record("train/grad_norm", th.linalg.vector_norm(th.stack(th._foreach_norm(grads))).item())
+        grad_norm = self._gradient_norm()
+        if grad_norm is not None:
+            record("train/grad_norm", grad_norm)

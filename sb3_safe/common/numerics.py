@@ -110,68 +110,128 @@ def find_nonfinite(named: Iterable[tuple[str, th.Tensor | np.ndarray]]) -> list[
     return found
 
 
-def array_is_finite(array: np.ndarray) -> bool:
+class ArrayFiniteCheck:
     """
-    Whether every element of a numpy array is finite, cheap enough for every environment step.
+    Whether numpy arrays are all finite, cheap enough for every environment step.
 
-    One dot product with zeros: ``0 * x`` is 0 for every finite ``x`` and NaN for NaN or inf, so the result is
-    exact and, unlike a sum, cannot overflow on large finite values.
-
-    :param array: any numpy array (integer arrays are always finite)
+    One dot product with zeros per array: ``0 * x`` is 0 for every finite ``x`` and NaN for NaN or inf, so the
+    result is exact and, unlike a sum, cannot overflow on large finite values. The zeros are allocated once per
+    (dtype, size) and reused, so a call allocates nothing. Integer arrays cannot be non-finite and are skipped.
     """
-    if array.dtype.kind == "f":
-        flat = array.ravel()
-        return math.isfinite(flat.dot(np.zeros_like(flat)))
-    return array.dtype.kind != "c" or bool(np.isfinite(array).all())
+
+    def __init__(self) -> None:
+        self._zeros: dict[tuple[np.dtype, int], np.ndarray] = {}
+
+    def __call__(self, *arrays: np.ndarray) -> bool:
+        """
+        :param arrays: numpy arrays of any shape and dtype
+        :return: whether every element of every array is finite
+        """
+        total = 0.0
+        for array in arrays:
+            kind = array.dtype.kind
+            if kind == "f":
+                flat = array.ravel()
+                key = (flat.dtype, flat.size)
+                zeros = self._zeros.get(key)
+                if zeros is None:
+                    zeros = self._zeros[key] = np.zeros_like(flat)
+                total += flat.dot(zeros)
+            elif kind == "c" and not np.isfinite(array).all():
+                return False
+        return math.isfinite(total)
+
+
+class _FlatBuffer:
+    """
+    One contiguous copy of live tensors of one dtype and device, and its finiteness test.
+
+    The copy is one ``cat`` into the buffer from flat aliases of the live tensors (they share storage, so they
+    follow in-place updates such as optimizer steps; they are remade when a tensor gets new storage). The test
+    is ``dot(copy, zeros)``: ``0 * x`` is 0 for every finite ``x`` and NaN for NaN or inf, so one reduction is
+    exact, with no overflow on large finite values. On CPU the dot runs in numpy on the same memory, without a
+    torch dispatch.
+
+    :param live: the tensors, all of one dtype and device
+    """
+
+    def __init__(self, live: list[th.Tensor]) -> None:
+        self.live = live
+        self.flat = th.empty(sum(t.numel() for t in live), dtype=live[0].dtype, device=live[0].device)
+        self.views: list[th.Tensor] = []
+        offset = 0
+        for tensor in live:
+            self.views.append(self.flat[offset : offset + tensor.numel()].view_as(tensor))
+            offset += tensor.numel()
+        self._make_aliases()
+        self.zeros = th.zeros_like(self.flat)
+        numpy_dtypes = (th.float16, th.float32, th.float64)
+        on_numpy = self.flat.device.type == "cpu" and self.flat.dtype in numpy_dtypes
+        self.numpy_pair = (self.flat.numpy(), self.zeros.numpy()) if on_numpy else None
+
+    def _make_aliases(self) -> None:
+        # Aliases need contiguous tensors; parameters and optimizer state are, anything else is copied one by one
+        contiguous = all(t.is_contiguous() for t in self.live)
+        self.aliases = [t.detach().view(-1) for t in self.live] if contiguous else None
+        self._storage = [t.data_ptr() for t in self.live]
+
+    def update(self) -> bool:
+        if self.aliases is not None:
+            # A tensor given new storage (``param.data = ...``) would leave its alias reading the old one
+            if [t.data_ptr() for t in self.live] != self._storage:
+                self._make_aliases()
+            th.cat(self.aliases, out=self.flat)
+        else:
+            th._foreach_copy_(self.views, [t.detach() for t in self.live])
+        if not self.flat.is_floating_point():
+            return True
+        if self.numpy_pair is not None:
+            flat, zeros = self.numpy_pair
+            return math.isfinite(flat.dot(zeros))
+        return math.isfinite(th.dot(self.flat, self.zeros).item())
+
+    def norm(self) -> float:
+        """The L2 norm of the copy."""
+        if self.numpy_pair is not None:
+            flat = self.numpy_pair[0]
+            return math.sqrt(flat.dot(flat))
+        return th.linalg.vector_norm(self.flat).item()
 
 
 class FlatCopy:
     """
-    Copies of a fixed list of named floating-point tensors, packed into one flat buffer per dtype and device.
+    Copies of a fixed list of named tensors, packed into one flat buffer per dtype and device.
 
-    :meth:`update` copies all live tensors with one fused ``_foreach_copy_`` per buffer and tests them with one
-    reduction: this is the reduce-first finiteness check, and when it passes the copy is also a snapshot that
-    :meth:`restore` writes back. Non-floating tensors (e.g. integer step counters) cannot hold NaN and are
-    left out.
+    :meth:`update` copies all live tensors with one fused ``cat`` per buffer and tests them with one reduction:
+    this is the reduce-first finiteness check, and when it passes the copy is also a snapshot that
+    :meth:`restore` writes back. Non-floating tensors (e.g. integer step counters) are copied and restored but
+    not tested: they cannot hold NaN.
 
     :param named: (name, live tensor) pairs
     """
 
     def __init__(self, named: Sequence[tuple[str, th.Tensor]]) -> None:
-        kept = [(name, tensor) for name, tensor in named if tensor.is_floating_point() and tensor.numel() > 0]
+        kept = [(name, tensor) for name, tensor in named if tensor.numel() > 0]
         self.names = [name for name, _ in kept]
         self.tensors = [tensor for _, tensor in kept]
         self.views: list[th.Tensor] = [th.empty(0)] * len(kept)
         by_kind: dict[tuple[th.dtype, th.device], list[int]] = {}
         for index, tensor in enumerate(self.tensors):
             by_kind.setdefault((tensor.dtype, tensor.device), []).append(index)
-        # Per buffer: (flat copy, zeros of the same size, live tensors, their views in the flat copy)
-        self._groups: list[tuple[th.Tensor, th.Tensor, list[th.Tensor], list[th.Tensor]]] = []
-        for (dtype, device), indices in by_kind.items():
-            flat = th.empty(sum(self.tensors[i].numel() for i in indices), dtype=dtype, device=device)
-            offset = 0
-            for i in indices:
-                numel = self.tensors[i].numel()
-                self.views[i] = flat[offset : offset + numel].view_as(self.tensors[i])
-                offset += numel
-            live = [self.tensors[i] for i in indices]
-            self._groups.append((flat, th.zeros_like(flat), live, [self.views[i] for i in indices]))
+        self._buffers: list[_FlatBuffer] = []
+        for indices in by_kind.values():
+            buffer = _FlatBuffer([self.tensors[i] for i in indices])
+            for i, view in zip(indices, buffer.views, strict=True):
+                self.views[i] = view
+            self._buffers.append(buffer)
 
-    @th.no_grad()
     def update(self) -> bool:
         """
-        Copy the live tensors into the buffers and test them.
-
-        The test is ``dot(copy, zeros)``: ``0 * x`` is 0 for every finite ``x`` and NaN for NaN or inf, so one
-        reduction is exact, with no overflow on large finite values.
+        Copy the live tensors into the buffers and test them, one reduction per buffer.
 
         :return: whether every element is finite
         """
-        for flat, zeros, live, views in self._groups:
-            th._foreach_copy_(views, live)
-            if not math.isfinite(th.dot(flat, zeros).item()):
-                return False
-        return True
+        return all(buffer.update() for buffer in self._buffers)
 
     @th.no_grad()
     def restore(self) -> None:
@@ -182,8 +242,8 @@ class FlatCopy:
         between a forward pass and its backward (e.g. SAC computes the actor loss after the critic step), and
         that backward must still run; it then uses the restored values.
         """
-        for _, _, live, views in self._groups:
-            th._foreach_copy_([tensor.data for tensor in live], views)
+        for buffer in self._buffers:
+            th._foreach_copy_([tensor.data for tensor in buffer.live], buffer.views)
 
     def find_nonfinite(self) -> list[NonFiniteTensor]:
         """Locate the non-finite tensors in the copies (the slow path)."""
@@ -211,3 +271,32 @@ class FlatCopy:
         :param name: a name given at construction
         """
         return self.views[self.names.index(name)] if name in self.names else None
+
+
+class GradientNorm:
+    """
+    The global L2 norm of the gradients of fixed parameters, as ``clip_grad_norm_`` computes it.
+
+    When every parameter has a gradient and all share a dtype and device, the gradients are packed with one
+    fused copy into a buffer allocated once: several times faster than per-tensor norms for the many small
+    tensors of an RL policy.
+
+    :param parameters: the parameters whose ``.grad`` to measure
+    """
+
+    def __init__(self, parameters: Iterable[th.Tensor]) -> None:
+        self.parameters = list(parameters)
+        self._buffer: _FlatBuffer | None = None
+        if self.parameters and len({(p.dtype, p.device) for p in self.parameters}) == 1:
+            self._buffer = _FlatBuffer(self.parameters)
+
+    def __call__(self) -> float | None:
+        """:return: the norm, or None if no parameter has a gradient"""
+        grads = [p.grad for p in self.parameters]
+        present = [g for g in grads if g is not None]
+        if not present:
+            return None
+        if self._buffer is None or len(present) < len(grads):
+            return th.linalg.vector_norm(th.stack(th._foreach_norm(present))).item()
+        th._foreach_copy_(self._buffer.views, present)
+        return self._buffer.norm()

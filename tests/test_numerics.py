@@ -1,0 +1,118 @@
+"""The reduce-first finiteness checks and flat copies the guard is built on."""
+
+import math
+
+import numpy as np
+import pytest
+import torch as th
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from sb3_safe.common.numerics import ArrayFiniteCheck, FlatCopy, GradientNorm, find_nonfinite
+
+EXTREMES = st.sampled_from([0.0, -0.0, 1e-45, 1e30, -1e30, 3.4e38, -3.4e38, 1.7e308, math.inf, -math.inf, math.nan])
+
+
+def float_arrays(dtype: type) -> st.SearchStrategy[np.ndarray]:
+    finite_max = float(np.finfo(dtype).max)
+    extremes = EXTREMES.filter(lambda x: not abs(x) > finite_max or math.isinf(x))
+    values = st.one_of(st.floats(-finite_max, finite_max, width=np.finfo(dtype).bits), extremes)
+    return hnp.arrays(dtype, hnp.array_shapes(min_dims=0, max_dims=3, max_side=5), elements=values)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(float_arrays(np.float32), float_arrays(np.float64)), min_size=1, max_size=4))
+def test_array_check_agrees_with_isfinite(arrays: list[np.ndarray]) -> None:
+    check = ArrayFiniteCheck()
+    expected = all(bool(np.isfinite(array).all()) for array in arrays)
+    with np.errstate(invalid="ignore"):
+        # Twice: the second call reuses the cached zeros
+        assert check(*arrays) is expected
+        assert check(*arrays) is expected
+
+
+def test_array_check_skips_integers_and_tests_complex() -> None:
+    check = ArrayFiniteCheck()
+    assert check(np.arange(5), np.array([True, False]), np.zeros((2, 2), np.uint8))
+    assert not check(np.array([1 + 1j, complex(math.nan, 0)]))
+    with np.errstate(invalid="ignore"):
+        # A finite array of one size, then a non-finite one of another: the zeros cache is per size
+        assert check(np.ones(3, np.float32)) and not check(np.array([1.0, math.inf], np.float32))
+
+
+def named_tensors() -> list[tuple[str, th.Tensor]]:
+    return [
+        ("weight", th.randn(4, 3)),
+        ("bias", th.randn(4)),
+        ("step", th.tensor(7, dtype=th.int64)),
+        ("scalar", th.tensor(0.5, dtype=th.float64)),
+        ("empty", th.empty(0)),
+    ]
+
+
+@settings(max_examples=100, deadline=None)
+@given(index=st.sampled_from([0, 1, 3]), position=st.integers(0, 11), bad=EXTREMES.filter(lambda x: not math.isfinite(x)))
+def test_flat_copy_detects_any_bad_element_and_names_it(index: int, position: int, bad: float) -> None:
+    named = named_tensors()
+    copy = FlatCopy(named)
+    assert copy.update()
+    tensor = named[index][1]
+    tensor.view(-1)[position % tensor.numel()] = bad
+    with np.errstate(invalid="ignore"):
+        assert not copy.update()
+    found = copy.find_nonfinite()
+    assert [entry.name for entry in found] == [named[index][0]]
+    assert (found[0].n_nan, found[0].n_inf) == ((1, 0) if math.isnan(bad) else (0, 1))
+
+
+def test_flat_copy_restores_every_tensor_including_integer_ones() -> None:
+    named = named_tensors()
+    copy = FlatCopy(named)
+    saved = [tensor.clone() for _, tensor in named]
+    assert copy.update()
+    for _, tensor in named:
+        tensor.fill_(3)
+    copy.restore()
+    for (_, tensor), before in zip(named, saved, strict=True):
+        assert th.equal(tensor, before)
+
+
+def test_flat_copy_follows_a_tensor_given_new_storage() -> None:
+    param = th.nn.Parameter(th.ones(5))
+    copy = FlatCopy([("param", param)])
+    assert copy.update()
+    param.data = th.ones(5)  # new storage: the old alias would still read ones
+    param.data[2] = math.nan
+    assert not copy.update()
+    assert copy.find_nonfinite()[0].n_nan == 1
+
+
+def test_flat_copy_of_non_contiguous_tensors() -> None:
+    base = th.randn(4, 6)
+    transposed = base.t()
+    copy = FlatCopy([("transposed", transposed)])
+    assert copy.update() and th.equal(copy.get("transposed"), transposed)
+    base[1, 2] = math.inf
+    with np.errstate(invalid="ignore"):
+        assert not copy.update()
+
+
+@pytest.mark.parametrize("with_missing_grad", [False, True])
+def test_gradient_norm_equals_torch_total_norm(with_missing_grad: bool) -> None:
+    th.manual_seed(0)
+    net = th.nn.Sequential(th.nn.Linear(3, 8), th.nn.Tanh(), th.nn.Linear(8, 2))
+    extra = th.nn.Parameter(th.ones(4))
+    params = [*net.parameters(), extra]
+    norm = GradientNorm(params)
+    assert norm() is None
+    loss = net(th.randn(16, 3)).square().sum() + (0.0 if with_missing_grad else extra.sum() * 1e3)
+    loss.backward()
+    expected = th.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None]).item()
+    assert norm() == pytest.approx(expected, rel=1e-5)
+
+
+def test_find_nonfinite_counts_and_skips_integer_data() -> None:
+    data = np.array([[1.0, math.nan], [math.inf, -math.inf]])
+    found = find_nonfinite([("array", data), ("ints", np.arange(3)), ("tensor", th.tensor([math.nan, 1.0]))])
+    assert [str(entry) for entry in found] == ["array: 1 NaN, 2 inf of 4", "tensor: 1 NaN, 0 inf of 2"]
