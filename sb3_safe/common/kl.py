@@ -18,6 +18,8 @@ Every function here is finite and non-negative for all finite inputs: log-stds a
 :func:`~sb3_safe.common.distributions.standardize`, as in ``distributions.py``.
 """
 
+from typing import Any
+
 import torch as th
 from stable_baselines3.common.distributions import (
     BernoulliDistribution,
@@ -28,7 +30,12 @@ from stable_baselines3.common.distributions import (
 )
 from torch.nn import functional as F
 
-from sb3_safe.common.distributions import LOG_STD_LIMIT, BoundedDiagGaussianDistribution, standardize
+from sb3_safe.common.distributions import (
+    DIFFERENCE_LIMIT,
+    LOG_STD_LIMIT,
+    Z_SCORE_LIMIT,
+    BoundedDiagGaussianDistribution,
+)
 
 #: |log_ratio| above which it is clamped before ``exp``: ratios stay in [2e-9, 4.9e8]
 LOG_RATIO_LIMIT = 20.0
@@ -72,39 +79,84 @@ def distribution_params(distribution: Distribution) -> th.Tensor:
     raise ValueError(f"No analytic KL for {type(distribution).__name__}; use approx_kl")
 
 
+class _GaussianKL(th.autograd.Function):
+    """
+    The autograd function behind :func:`gaussian_kl`: the forward pass without autograd's bookkeeping and a
+    backward pass of a few products, much cheaper than differentiating the formula op by op, which matters in
+    every minibatch of a small policy.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, mean_p: th.Tensor, log_std_p: th.Tensor, mean_q: th.Tensor, log_std_q: th.Tensor) -> th.Tensor:
+        log_std_q = log_std_q.clamp(-LOG_STD_LIMIT, LOG_STD_LIMIT)
+        inv_std_q = th.exp(-log_std_q)
+        # standardize(), in place on fresh tensors; the difference clamp keeps inf out of the product
+        z_score = (mean_p - mean_q).clamp_(-DIFFERENCE_LIMIT, DIFFERENCE_LIMIT).mul_(inv_std_q)
+        z_score.clamp_(-Z_SCORE_LIMIT, Z_SCORE_LIMIT)
+        # 2 * LOG_STD_LIMIT = 80 keeps expm1 below float32's maximum
+        double_log_ratio = (log_std_p.clamp(-LOG_STD_LIMIT, LOG_STD_LIMIT) - log_std_q).mul_(2.0)
+        double_log_ratio.clamp_(-2 * LOG_STD_LIMIT, 2 * LOG_STD_LIMIT)
+        expm1_ratio = th.expm1(double_log_ratio)
+        z_squared = z_score * z_score
+        ctx.save_for_backward(z_score, inv_std_q, double_log_ratio, expm1_ratio)
+        ctx.shapes = (mean_p.shape, log_std_p.shape, mean_q.shape, log_std_q.shape)
+        # Rounding can make expm1(x) - x slightly negative for tiny x; the KL is >= 0
+        return (z_squared + expm1_ratio).sub_(double_log_ratio).mul_(0.5).clamp_(min=0.0)
+
+    @staticmethod
+    def backward(ctx: Any, grad: th.Tensor) -> tuple[th.Tensor | None, ...]:
+        z_score, inv_std_q, double_log_ratio, expm1_ratio = ctx.saved_tensors
+        needs = ctx.needs_input_grad
+        # The KL's gradient: d/d mean_p = z / std_q = -d/d mean_q, d/d log_std_p = expm1(2d),
+        # d/d log_std_q = -expm1(2d) - z^2; zero through a clamp that is active (extreme inputs), as autograd
+        # would give, so an exploded mean or log-std gets no gradient from the penalty rather than a huge one.
+        # (The clamp to >= 0 only absorbs rounding: the gradient passes it.)
+        grad_z = grad * z_score * (z_score.abs() < Z_SCORE_LIMIT)
+        grad_d = grad * expm1_ratio * (double_log_ratio.abs() < 2 * LOG_STD_LIMIT)
+        grad_mean = grad_z * inv_std_q if needs[0] or needs[2] else None
+        grads = (
+            grad_mean if needs[0] else None,
+            grad_d if needs[1] else None,
+            -grad_mean if grad_mean is not None and needs[2] else None,
+            -(grad_d + grad_z * z_score) if needs[3] else None,
+        )
+        # Inputs broadcast in the forward pass get their gradient summed back to their shape
+        return tuple(
+            g if g is None or g.shape == shape else g.sum_to_size(shape) for g, shape in zip(grads, ctx.shapes, strict=True)
+        )
+
+
 def gaussian_kl(mean_p: th.Tensor, log_std_p: th.Tensor, mean_q: th.Tensor, log_std_q: th.Tensor) -> th.Tensor:
     """
-    Element-wise ``KL(N(mean_p, std_p) || N(mean_q, std_q))``.
+    Element-wise ``KL(N(mean_p, std_p) || N(mean_q, std_q))``, differentiable in all four arguments.
 
     Written as ``(z^2 + expm1(2d) - 2d) / 2`` with ``z = (mean_p - mean_q) / std_q`` and
     ``d = log_std_p - log_std_q``: exactly 0 for equal arguments, accurate for close ones, finite otherwise
-    (z and d are clamped, giving a finite lower bound of the true KL for extreme inputs).
+    (log-stds, z and d are clamped as in :func:`~sb3_safe.common.distributions.standardize`, giving a finite
+    lower bound of the true KL for extreme inputs, with zero gradient where z or d is clamped).
 
     :param mean_p: mean of the first Gaussian
-    :param log_std_p: its log-std
+    :param log_std_p: its log-std, inside ``[-LOG_STD_LIMIT, LOG_STD_LIMIT]`` (as :func:`analytic_kl` passes it;
+        a value beyond is taken as the limit)
     :param mean_q: mean of the second Gaussian
-    :param log_std_q: its log-std
+    :param log_std_q: its log-std, likewise
     """
-    log_std_p = log_std_p.clamp(-LOG_STD_LIMIT, LOG_STD_LIMIT)
-    log_std_q = log_std_q.clamp(-LOG_STD_LIMIT, LOG_STD_LIMIT)
-    z_score = standardize(mean_p, mean_q, log_std_q)
-    # 2 * LOG_STD_LIMIT = 80 keeps expm1 below float32's maximum
-    double_log_ratio = (2.0 * (log_std_p - log_std_q)).clamp(-2 * LOG_STD_LIMIT, 2 * LOG_STD_LIMIT)
-    # Rounding can make expm1(x) - x slightly negative for tiny x; the KL is >= 0
-    return (0.5 * (z_score.square() + th.expm1(double_log_ratio) - double_log_ratio)).clamp(min=0.0)
+    return _GaussianKL.apply(mean_p, log_std_p, mean_q, log_std_q)
 
 
 def categorical_kl(log_p: th.Tensor, log_q: th.Tensor) -> th.Tensor:
     """
     ``KL(p || q)`` of categoricals over the last dimension, from normalized log-probabilities.
 
-    Terms with ``p = 0`` count 0 (also when ``log_q`` is -inf).
+    Both are clamped to the lowest finite float first: every term is then finite and terms with ``p = 0`` count 0,
+    also where a log-probability is -inf (SB3's unbounded logits can give that); other inputs are unchanged.
+    One fused ``kl_div``: this runs in every minibatch, where each small operation costs its dispatch.
 
     :param log_p: log-probabilities of p
     :param log_q: log-probabilities of q
     """
-    prob_p = log_p.exp()
-    terms = th.where(prob_p > 0, prob_p * (log_p - log_q), th.zeros_like(prob_p))
+    lowest = th.finfo(log_q.dtype).min
+    terms = F.kl_div(log_q.clamp(min=lowest), log_p.clamp(min=lowest), reduction="none", log_target=True)
     return terms.sum(dim=-1).clamp(min=0.0)
 
 

@@ -1,10 +1,8 @@
 """KLAdaptivePPO: PPO's clipped surrogate plus the adaptive KL penalty of the PPO paper, with numerical guards."""
 
 import math
-from collections import defaultdict
 from typing import Any, ClassVar, TypeVar
 
-import numpy as np
 import torch as th
 from gymnasium import spaces
 from stable_baselines3 import PPO
@@ -15,7 +13,7 @@ from stable_baselines3.common.utils import explained_variance
 from torch.nn import functional as F
 
 from sb3_safe.common.buffers import KLDictRolloutBuffer, KLDictRolloutBufferSamples, KLRolloutBuffer, KLRolloutBufferSamples
-from sb3_safe.common.kl import LOG_RATIO_LIMIT, analytic_kl, approx_kl, clamp_log_ratio, has_analytic_kl
+from sb3_safe.common.kl import analytic_kl, approx_kl, clamp_log_ratio, has_analytic_kl
 from sb3_safe.common.policies import SafeActorCriticPolicy, SafeCnnPolicy, SafeMultiInputPolicy
 from sb3_safe.common.updates import GuardedOptimizerStep, normalize_advantages
 
@@ -182,24 +180,32 @@ class KLAdaptivePPO(PPO):
         super()._setup_model()
         self.rollout_buffer.attach_policy(self.policy)
 
-    def _minibatch_kl(
-        self, rollout_data: KLRolloutBufferSamples | KLDictRolloutBufferSamples, log_ratio: th.Tensor
+    def _kl_to_old(
+        self, rollout_data: KLRolloutBufferSamples | KLDictRolloutBufferSamples, log_prob: th.Tensor | None = None
     ) -> th.Tensor:
-        """Per-sample KL(pi_old || pi) for the distribution the last ``evaluate_actions`` left in the policy."""
-        # SB3's distributions are stateful: evaluate_actions leaves the current one in policy.action_dist
-        if has_analytic_kl(self.policy.action_dist):
-            return analytic_kl(rollout_data.old_dist_params, self.policy.action_dist)
-        return approx_kl(log_ratio)
+        """
+        Per-sample KL(pi_old || pi) for the distribution the last forward pass left in ``policy.action_dist``.
+
+        :param log_prob: log-probabilities of the stored actions under it, if already computed (needed only
+            without an analytic KL)
+        """
+        # SB3's distributions are stateful: evaluate_actions and get_distribution leave theirs in policy.action_dist
+        distribution = self.policy.action_dist
+        if has_analytic_kl(distribution):
+            return analytic_kl(rollout_data.old_dist_params, distribution)
+        if log_prob is None:
+            log_prob = distribution.log_prob(self._actions(rollout_data))
+        return approx_kl(log_prob - rollout_data.old_log_prob)
 
     @th.no_grad()
     def _rollout_kl(self) -> float:
         """Mean KL(pi_old || pi) over the whole rollout, for the beta rule."""
         self.policy.set_training_mode(False)
         total, count = 0.0, 0
-        # No gradients here, so larger batches than the minibatches: fewer passes
+        # No gradients here, so larger batches than the minibatches: fewer passes; only the actor is evaluated
         for rollout_data in self.rollout_buffer.get(max(self.batch_size, _MEASURE_BATCH_SIZE)):
-            _, log_prob, _ = self.policy.evaluate_actions(rollout_data.observations, self._actions(rollout_data))
-            kl = self._minibatch_kl(rollout_data, log_prob - rollout_data.old_log_prob)
+            self.policy.get_distribution(rollout_data.observations)
+            kl = self._kl_to_old(rollout_data)
             total += kl.sum().item()
             count += kl.numel()
         return total / count
@@ -215,11 +221,13 @@ class KLAdaptivePPO(PPO):
         self._update_learning_rate(self.policy.optimizer)
         clip_range = self.clip_range(self._current_progress_remaining)  # type: ignore[operator]
         clip_range_vf = None if self.clip_range_vf is None else self.clip_range_vf(self._current_progress_remaining)  # type: ignore[operator]
-        logs: dict[str, list[float]] = defaultdict(list)
+        # One row of statistics per minibatch, kept as tensors: one host sync per update phase, not seven per minibatch
+        minibatch_stats: list[th.Tensor] = []
+        last_epoch_start = 0  # SB3 logs the approximate KL of the last epoch only
 
         continue_training = True
         for epoch in range(self.n_epochs):
-            logs["approx_kl_divs"] = []  # SB3 logs the last epoch's
+            last_epoch_start = len(minibatch_stats)
             for rollout_data in self.rollout_buffer.get(self.batch_size):
                 values, log_prob, entropy = self.policy.evaluate_actions(
                     rollout_data.observations, self._actions(rollout_data)
@@ -231,8 +239,9 @@ class KLAdaptivePPO(PPO):
 
                 raw_log_ratio = log_prob - rollout_data.old_log_prob
                 # Clamped before exp: even a diverged log-prob cannot overflow the ratio
-                ratio = th.exp(clamp_log_ratio(raw_log_ratio))
-                kl = self._minibatch_kl(rollout_data, raw_log_ratio)
+                log_ratio = clamp_log_ratio(raw_log_ratio)
+                ratio = th.exp(log_ratio)
+                kl = self._kl_to_old(rollout_data, log_prob)
 
                 # Clipped surrogate (paper eq. 7) + adaptive KL penalty (sec. 4) + value and entropy terms (eq. 9)
                 surrogate = th.min(advantages * ratio, advantages * th.clamp(ratio, 1 - clip_range, 1 + clip_range))
@@ -248,20 +257,18 @@ class KLAdaptivePPO(PPO):
                 loss = policy_loss + kl_penalty + self.ent_coef * entropy_loss + self.vf_coef * value_loss
 
                 with th.no_grad():
-                    approx_kl_div = approx_kl(raw_log_ratio).mean().item()
-                logs["pg_losses"].append(policy_loss.item())
-                logs["kl_penalties"].append(kl_penalty.item())
-                logs["value_losses"].append(value_loss.item())
-                logs["entropy_losses"].append(entropy_loss.item())
-                logs["approx_kl_divs"].append(approx_kl_div)
-                logs["clip_fractions"].append(th.mean((th.abs(ratio - 1) > clip_range).float()).item())
-                logs["clamped_fractions"].append(th.mean((raw_log_ratio.abs() > LOG_RATIO_LIMIT).float()).item())
+                    # SB3's estimate of the KL, from the ratio already computed (approx_kl without its expm1)
+                    approx_kl_div = ((ratio - 1) - log_ratio).mean()
+                    clip_fraction = (th.abs(ratio - 1) > clip_range).float().mean()
+                    clamped_fraction = (log_ratio != raw_log_ratio).float().mean()
+                    row = (policy_loss, kl_penalty, value_loss, entropy_loss, approx_kl_div, clip_fraction, clamped_fraction)
+                    minibatch_stats.append(th.stack(row))
 
                 # SB3's early stopping on the (estimated) KL of this minibatch
-                if self.target_kl is not None and approx_kl_div > 1.5 * self.target_kl:
+                if self.target_kl is not None and approx_kl_div.item() > 1.5 * self.target_kl:
                     continue_training = False
                     if self.verbose >= 1:
-                        print(f"Early stopping at step {epoch} due to reaching max kl: {approx_kl_div:.2f}")
+                        print(f"Early stopping at step {epoch} due to reaching max kl: {approx_kl_div.item():.2f}")
                     break
 
                 self.policy_guard(self.policy.optimizer, loss, self.policy.parameters(), self.max_grad_norm)
@@ -281,13 +288,15 @@ class KLAdaptivePPO(PPO):
         )
 
         explained_var = explained_variance(self.rollout_buffer.values.flatten(), self.rollout_buffer.returns.flatten())
-        self.logger.record("train/entropy_loss", np.mean(logs["entropy_losses"]))
-        self.logger.record("train/policy_gradient_loss", np.mean(logs["pg_losses"]))
-        self.logger.record("train/kl_penalty", np.mean(logs["kl_penalties"]))
-        self.logger.record("train/value_loss", np.mean(logs["value_losses"]))
-        self.logger.record("train/approx_kl", np.mean(logs["approx_kl_divs"]))
-        self.logger.record("train/clip_fraction", np.mean(logs["clip_fractions"]))
-        self.logger.record("train/log_ratio_clamped_fraction", np.mean(logs["clamped_fractions"]))
+        stats = th.stack(minibatch_stats).cpu().numpy()
+        pg_loss, kl_penalty_mean, value_loss_mean, entropy_loss_mean, _, clip_fraction_mean, clamped_mean = stats.mean(0)
+        self.logger.record("train/entropy_loss", float(entropy_loss_mean))
+        self.logger.record("train/policy_gradient_loss", float(pg_loss))
+        self.logger.record("train/kl_penalty", float(kl_penalty_mean))
+        self.logger.record("train/value_loss", float(value_loss_mean))
+        self.logger.record("train/approx_kl", float(stats[last_epoch_start:, 4].mean()))
+        self.logger.record("train/clip_fraction", float(clip_fraction_mean))
+        self.logger.record("train/log_ratio_clamped_fraction", float(clamped_mean))
         self.logger.record("train/loss", loss.item())
         self.logger.record("train/explained_variance", explained_var)
         self.logger.record("train/kl", rollout_kl)
