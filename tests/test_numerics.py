@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from sb3_safe.common.numerics import ArrayFiniteCheck, FlatCopy, GradientNorm, find_nonfinite
+from sb3_safe.common.numerics import ArrayFiniteCheck, FlatCopy, GradientNorm, TensorFiniteCheck, find_nonfinite
 
 EXTREMES = st.sampled_from([0.0, -0.0, 1e-45, 1e30, -1e30, 3.4e38, -3.4e38, 1.7e308, math.inf, -math.inf, math.nan])
 
@@ -116,3 +116,26 @@ def test_find_nonfinite_counts_and_skips_integer_data() -> None:
     data = np.array([[1.0, math.nan], [math.inf, -math.inf]])
     found = find_nonfinite([("array", data), ("ints", np.arange(3)), ("tensor", th.tensor([math.nan, 1.0]))])
     assert [str(entry) for entry in found] == ["array: 1 NaN, 2 inf of 4", "tensor: 1 NaN, 0 inf of 2"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.one_of(float_arrays(np.float32), float_arrays(np.float64)), min_size=1, max_size=4),
+    st.booleans(),
+)
+def test_tensor_check_agrees_with_isfinite(arrays: list[np.ndarray], contiguous: bool) -> None:
+    # Values up to the float maximum: their squares overflow, which must not count as non-finite
+    tensors = [th.from_numpy(np.array(array, ndmin=1)) for array in arrays]
+    if not contiguous:  # the torch path (as on a GPU)
+        tensors = [th.stack([t, t], dim=-1)[..., 0] for t in tensors]
+    check = TensorFiniteCheck(tensors)
+    assert check() is all(bool(th.isfinite(t).all()) for t in tensors)
+
+
+def test_tensor_check_follows_a_tensor_given_new_storage() -> None:
+    param = th.nn.Parameter(th.ones(5))
+    check = TensorFiniteCheck([param, th.arange(3)])
+    assert check()
+    param.data = th.ones(5)
+    param.data[2] = math.inf
+    assert not check()

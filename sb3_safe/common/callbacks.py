@@ -22,6 +22,7 @@ from sb3_safe.common.numerics import (
     GradientNorm,
     NonFiniteError,
     NonFiniteTensor,
+    TensorFiniteCheck,
     find_nonfinite,
 )
 
@@ -223,7 +224,7 @@ class NonFiniteGuardCallback(BaseCallback):
         self._optimizers: list[tuple[str, th.optim.Optimizer]] = []
         self._param_names: dict[th.Tensor, str] = {}
         self._log_std_names: list[str] = []
-        self._step_checks: dict[int, tuple[str, FlatCopy]] = {}
+        self._step_checks: dict[int, tuple[str, TensorFiniteCheck]] = {}
         self._hooks: list[RemovableHandle] = []
         self._vec_normalize: Any = None
         self._all_finite = ArrayFiniteCheck()
@@ -257,11 +258,18 @@ class NonFiniteGuardCallback(BaseCallback):
             return False
         new_obs, rewards, actions = self.locals["new_obs"], self.locals["rewards"], self.locals["actions"]
         observations = new_obs.values() if isinstance(new_obs, dict) else (new_obs,)
-        # Discrete actions are integers: the check skips them
-        if not self._all_finite(*observations, rewards, actions):
+        # One call for all of the step's data (discrete actions are integers: the check skips them)
+        venv = self._vec_normalize
+        if venv is None:
+            finite = self._all_finite(*observations, rewards, actions)
+        else:
+            # Of VecNormalize only the variances: a non-finite mean or return reaches the normalized data checked
+            # here (or, through ret_rms.update, the reward variance), but an infinite variance normalizes to zeros
+            obs_rms = venv.obs_rms.values() if isinstance(venv.obs_rms, dict) else (venv.obs_rms,)
+            variances = (rms.var for rms in obs_rms)
+            finite = math.isfinite(venv.ret_rms.var) and self._all_finite(*observations, rewards, actions, *variances)
+        if not finite:
             self._locate_step_fault()
-        if not self._stopping and self._vec_normalize is not None and not self._vec_normalize_variances_finite():
-            self._handle(NORMALIZATION, "env step", self._locate_vec_normalize())
         return not self._stopping
 
     def _on_rollout_end(self) -> None:
@@ -316,17 +324,17 @@ class NonFiniteGuardCallback(BaseCallback):
         self._gradient_norm = GradientNorm(self._param_names)
         self._step_checks = {}
         for name, optimizer in self._optimizers:
-            self._step_checks[id(optimizer)] = (name, self._step_check(name, optimizer))
+            self._step_checks[id(optimizer)] = (name, self._step_check(optimizer))
             self._hooks.append(optimizer.register_step_post_hook(self._after_optimizer_step))
             if self.check_gradients:
                 self._hooks.append(optimizer.register_step_pre_hook(self._before_optimizer_step))
 
         self._vec_normalize = self.model.get_vec_normalize_env()
 
-    def _step_check(self, name: str, optimizer: th.optim.Optimizer) -> FlatCopy:
-        """The per-step check of the parameters ``optimizer`` updates."""
-        params = [p for group in optimizer.param_groups for p in group["params"]]
-        return FlatCopy([(self._param_names.get(p, f"{name} parameter {i}"), p) for i, p in enumerate(params)])
+    @staticmethod
+    def _step_check(optimizer: th.optim.Optimizer) -> TensorFiniteCheck:
+        """The per-step check of the parameters ``optimizer`` updates (read in place: no snapshot is needed)."""
+        return TensorFiniteCheck(p for group in optimizer.param_groups for p in group["params"])
 
     def _detach_hooks(self) -> None:
         for handle in self._hooks:
@@ -436,7 +444,7 @@ class NonFiniteGuardCallback(BaseCallback):
             self._restore_healthy()
             return
         name, check = self._step_checks[id(optimizer)]
-        if check.update():
+        if check():
             return
         bad = self._locate_in_optimizer(name, optimizer)
         self._handle(MODEL, f"optimizer step of {name} in train()", bad)
@@ -482,13 +490,6 @@ class NonFiniteGuardCallback(BaseCallback):
     def _vec_normalize_is_finite(self) -> bool:
         return self._all_finite(*(array for _, array in self._vec_normalize_arrays()))
 
-    def _vec_normalize_variances_finite(self) -> bool:
-        # Every env step, so only the variances: a non-finite mean or return reaches the normalized data the step
-        # checks (or, through ret_rms.update, the reward variance), but an infinite variance normalizes to zeros
-        venv = self._vec_normalize
-        obs_rms = venv.obs_rms.values() if isinstance(venv.obs_rms, dict) else (venv.obs_rms,)
-        return math.isfinite(venv.ret_rms.var) and self._all_finite(*(rms.var for rms in obs_rms))
-
     def _locate_vec_normalize(self) -> list[NonFiniteTensor]:
         return find_nonfinite(self._vec_normalize_arrays())
 
@@ -509,7 +510,7 @@ class NonFiniteGuardCallback(BaseCallback):
         if actions:
             self._handle(ROLLOUT, "env step (action sampled by the policy)", actions)
             return
-        # The environment's output and the actions are finite, so the normalization made the data non-finite
+        # The environment's output and the actions are finite: the normalization statistics, or the data they made, are not
         named = _per_env("normalized observation", self.locals["new_obs"])
         normalized = find_nonfinite(named + _per_env("normalized reward", self.locals["rewards"]))
         self._handle(NORMALIZATION, "env step", self._locate_vec_normalize() + normalized)
