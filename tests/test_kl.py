@@ -145,7 +145,9 @@ def test_gaussian_kl_gradient_is_exact(broadcast_log_std: bool) -> None:
     weights = th.rand(BATCH, ACTION_DIM, generator=generator, dtype=th.float64)
     ours = th.autograd.grad((weights * gaussian_kl(*args)).sum(), args)
     mean_p, log_std_p, mean_q, log_std_q = args
-    reference = kl_divergence(th.distributions.Normal(mean_p, log_std_p.exp()), th.distributions.Normal(mean_q, log_std_q.exp()))
+    reference = kl_divergence(
+        th.distributions.Normal(mean_p, log_std_p.exp()), th.distributions.Normal(mean_q, log_std_q.exp())
+    )
     expected = th.autograd.grad((weights * reference).sum(), args)
     for got, want in zip(ours, expected, strict=True):
         assert got.shape == want.shape and th.allclose(got, want, rtol=1e-10, atol=1e-12)
