@@ -139,3 +139,11 @@ def test_tensor_check_follows_a_tensor_given_new_storage() -> None:
     param.data = th.ones(5)
     param.data[2] = math.inf
     assert not check()
+
+
+def test_tensor_check_of_mixed_dtypes_on_the_torch_path() -> None:
+    transposed = th.randn(3, 4).t()  # not contiguous: the torch path
+    check = TensorFiniteCheck([transposed, th.ones(2, dtype=th.float64)])
+    assert check()
+    transposed[1, 1] = math.nan
+    assert not check()

@@ -178,6 +178,8 @@ class TensorFiniteCheck:
         if [t.data_ptr() for t in self.tensors] != self._storage:
             self._make_views()
         if self._arrays is None:
+            if len({t.dtype for t in self.tensors}) > 1:
+                return all(is_finite(t) for t in self.tensors)
             return math.isfinite(th.stack(th._foreach_norm(self.tensors, ord=math.inf)).amax().item())
         with np.errstate(over="ignore", invalid="ignore"):
             total = 0.0
