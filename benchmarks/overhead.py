@@ -40,12 +40,12 @@ COMPARISONS = (
     ("SafeA2C+guard(raise)", "SafeA2C", 1.02),
     ("SafeA2C+guard", "SafeA2C", 1.02),
 )
-ROUNDS = {"tiny": 1, "quick": 2, "full": 5}
+ROUNDS = {"tiny": 1, "quick": 2, "full": 7}
 #: Timesteps per measured run, per env and size
 TIMESTEPS = {
     "tiny": {"CartPole-v1": 256},
     "quick": {"CartPole-v1": 1_024, "Hopper-v5": 512},
-    "full": {"CartPole-v1": 2_048, "Hopper-v5": 1_024},
+    "full": {"CartPole-v1": 8_192, "Hopper-v5": 2_048},
 }
 
 
