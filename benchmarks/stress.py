@@ -169,6 +169,24 @@ CONFIGS = {
             dict(_PENDULUM_PPO, use_sde=False, sde_sample_freq=-1, policy_kwargs="dict(log_std_init=-10)"),
         ),
         StressConfig(
+            "log_std_collapsed",
+            "PPO Pendulum-v1 (n_steps 256) without gSDE, log_std_init=-60: a collapsed log-std (the variance underflows"
+            " float32 to 0), the first report's `scale ... 0.`",
+            "PPO",
+            "Pendulum-v1",
+            _steps(1_024, 1_024, 4_096),
+            dict(_PENDULUM_PPO, use_sde=False, sde_sample_freq=-1, policy_kwargs="dict(log_std_init=-60)"),
+        ),
+        StressConfig(
+            "lr_4000x_a2c_box",
+            "A2C HalfCheetah-v5 (zoo: VecNormalize, RMSprop), learning rate 3.0 (4000x zoo's 7e-4): the first report's"
+            " exploding log-std (`scale ... inf`)",
+            "A2C",
+            "HalfCheetah-v5",
+            _steps(512, 2_000, 8_000),
+            dict(learning_rate=3.0),
+        ),
+        StressConfig(
             "tiny_minibatch_50_epochs",
             "PPO Pendulum-v1 (gSDE), n_steps 64 x 4 envs, batch_size 8, n_epochs 50 (zoo: 1024, 64, 10)",
             "PPO",
