@@ -22,6 +22,7 @@ from sb3_safe.common.kl import (
     LOG_RATIO_LIMIT,
     analytic_kl,
     approx_kl,
+    categorical_kl,
     distribution_params,
     gaussian_kl,
     has_analytic_kl,
@@ -151,6 +152,30 @@ def test_gaussian_kl_gradient_is_exact(broadcast_log_std: bool) -> None:
     expected = th.autograd.grad((weights * reference).sum(), args)
     for got, want in zip(ours, expected, strict=True):
         assert got.shape == want.shape and th.allclose(got, want, rtol=1e-10, atol=1e-12)
+
+
+def test_categorical_kl_gradient_is_exact() -> None:
+    generator = th.Generator().manual_seed(0)
+    logits = [th.randn(BATCH, 5, generator=generator, dtype=th.float64).requires_grad_(True) for _ in range(2)]
+
+    def kl_of_logits(logits_p: th.Tensor, logits_q: th.Tensor) -> th.Tensor:
+        return categorical_kl(th.log_softmax(logits_p, -1), th.log_softmax(logits_q, -1))
+
+    assert th.autograd.gradcheck(kl_of_logits, logits)
+    ours = th.autograd.grad(kl_of_logits(*logits).sum(), logits)
+    reference = kl_divergence(Categorical(logits=logits[0]), Categorical(logits=logits[1]))
+    expected = th.autograd.grad(reference.sum(), logits)
+    for got, want in zip(ours, expected, strict=True):
+        assert th.allclose(got, want, rtol=1e-10, atol=1e-12)
+
+
+def test_categorical_kl_of_impossible_actions_is_finite() -> None:
+    # SB3's unbounded logits can give log-probabilities of -inf: p = 0 terms count 0, q = 0 terms stay finite
+    log_p = th.tensor([[0.0, -math.inf], [-math.log(2), -math.log(2)]])
+    log_q = th.tensor([[-math.inf, 0.0], [0.0, -math.inf]], requires_grad=True)
+    kl = categorical_kl(log_p, log_q)
+    kl.sum().backward()
+    assert th.isfinite(kl).all() and log_q.grad is not None and th.isfinite(log_q.grad).all()
 
 
 extreme_floats = st.floats(allow_nan=False, allow_infinity=False, width=32)
