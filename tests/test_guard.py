@@ -479,3 +479,17 @@ def test_inf_vecnormalize_variance_rolls_back_with_eval_callback_and_monitor(tmp
     initial = PPO("MlpPolicy", env, n_steps=16, batch_size=16, policy_kwargs=tiny(), seed=0).policy
     assert column("train/log_std_min")[0] == column("train/log_std_max")[0] == 0.0
     assert column("train/param_max_abs")[0] == pytest.approx(max(p.abs().max().item() for p in initial.parameters()))
+
+
+def test_step_check_works_without_an_actions_local() -> None:
+    # A custom algorithm's collect loop may not name its actions `actions`: the guard still checks the env data
+    model = small_ppo()
+    model.set_logger(configure(None, []))
+    guard = NonFiniteGuardCallback()
+    guard.init_callback(model)
+    guard.on_training_start({}, {})
+    guard.update_locals({"new_obs": np.zeros((1, 4), np.float32), "rewards": np.zeros(1, np.float32)})
+    assert guard.on_step()
+    guard.update_locals({"new_obs": np.full((1, 4), np.nan, np.float32), "rewards": np.zeros(1, np.float32)})
+    with pytest.raises(NonFiniteError, match="observation of env 0: 4 NaN"):
+        guard.on_step()

@@ -35,6 +35,7 @@ REPORT_FILENAME = "nonfinite_guard.jsonl"
 MODEL, NORMALIZATION, ENVIRONMENT, ROLLOUT = "model", "normalization", "environment", "rollout"
 _RESTORABLE = (MODEL, NORMALIZATION)
 _ROLLOUT_BUFFER_ARRAYS = ("rewards", "values", "returns", "advantages", "log_probs")
+_NO_ACTIONS = np.zeros(0, dtype=np.int64)
 
 _CAUSES = {
     MODEL: (
@@ -256,7 +257,7 @@ class NonFiniteGuardCallback(BaseCallback):
     def _on_step(self) -> bool:
         if self._stopping:
             return False
-        new_obs, rewards, actions = self.locals["new_obs"], self.locals["rewards"], self.locals["actions"]
+        new_obs, rewards, actions = self.locals["new_obs"], self.locals["rewards"], self._step_actions()
         observations = new_obs.values() if isinstance(new_obs, dict) else (new_obs,)
         # One call for all of the step's data (discrete actions are integers: the check skips them)
         venv = self._vec_normalize
@@ -271,6 +272,11 @@ class NonFiniteGuardCallback(BaseCallback):
         if not finite:
             self._locate_step_fault()
         return not self._stopping
+
+    def _step_actions(self) -> np.ndarray:
+        # Every SB3 / sb3-contrib algorithm names them `actions` in collect_rollouts; a custom one might not
+        actions = self.locals.get("actions")
+        return actions if isinstance(actions, np.ndarray) else _NO_ACTIONS
 
     def _on_rollout_end(self) -> None:
         buffer = getattr(self.model, "rollout_buffer", None)
@@ -506,7 +512,7 @@ class NonFiniteGuardCallback(BaseCallback):
                 from_env += self._locate_vec_normalize()
             self._handle(ENVIRONMENT, "env step", from_env)
             return
-        actions = find_nonfinite(_per_env("action", self.locals["actions"]))
+        actions = find_nonfinite(_per_env("action", self._step_actions()))
         if actions:
             self._handle(ROLLOUT, "env step (action sampled by the policy)", actions)
             return
