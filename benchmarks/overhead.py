@@ -8,6 +8,7 @@ and for the process's CPU time (less sensitive to other jobs on a shared machine
 """
 
 import statistics
+import time
 from pathlib import Path
 from typing import Any
 
@@ -62,8 +63,6 @@ def run_job(job: tuple[str, int, int]) -> list[dict[str, Any]]:
     Models persist across rounds, so a round compares the variants in the same phase of training, and per-run
     construction (allocations, env start-up) does not add its noise to the timings.
     """
-    import time
-
     env_id, timesteps, rounds = job
     configs = {zoo: common.zoo_config(zoo, env_id) for zoo in ("ppo", "a2c")}
     models, guards = {}, {}

@@ -174,9 +174,9 @@ class NonFiniteGuardCallback(BaseCallback):
     - at the end of each on-policy rollout: the rollout buffer (rewards, values, returns, advantages, log-probs);
     - optionally (``check_gradients=True``) the gradients before every optimizer step.
 
-    Each check is one reduction per buffer (a dot product with zeros, which is NaN iff some element is NaN or
-    inf); the bad tensors are located and named only when a check fails. A passed check of the model state
-    copies it first, so the copy is also the snapshot to roll back to.
+    Each check is one numpy dot per array or tensor (environment data with zeros, tensors with themselves; see
+    :mod:`sb3_safe.common.numerics`); the bad tensors are located and named only when a check fails. A passed
+    check of the model state copies it first, so the copy is also the snapshot to roll back to.
 
     :param on_nonfinite: ``"raise"``: raise :class:`~sb3_safe.NonFiniteError`;
         ``"stop"``: restore the last healthy state, save it to ``save_path`` and end ``learn()`` cleanly;

@@ -193,10 +193,8 @@ class _FlatBuffer:
     One contiguous copy of live tensors of one dtype and device, and its finiteness test.
 
     The copy is one ``cat`` into the buffer from flat aliases of the live tensors (they share storage, so they
-    follow in-place updates such as optimizer steps; they are remade when a tensor gets new storage). The test
-    is ``dot(copy, zeros)``: ``0 * x`` is 0 for every finite ``x`` and NaN for NaN or inf, so one reduction is
-    exact, with no overflow on large finite values. On CPU the dot runs in numpy on the same memory, without a
-    torch dispatch.
+    follow in-place updates such as optimizer steps; they are remade when a tensor gets new storage). The copy
+    is tested by a :class:`TensorFiniteCheck` of the buffer.
 
     :param live: the tensors, all of one dtype and device
     """
@@ -210,10 +208,7 @@ class _FlatBuffer:
             self.views.append(self.flat[offset : offset + tensor.numel()].view_as(tensor))
             offset += tensor.numel()
         self._make_aliases()
-        self.zeros = th.zeros_like(self.flat)
-        numpy_dtypes = (th.float16, th.float32, th.float64)
-        on_numpy = self.flat.device.type == "cpu" and self.flat.dtype in numpy_dtypes
-        self.numpy_pair = (self.flat.numpy(), self.zeros.numpy()) if on_numpy else None
+        self._check = TensorFiniteCheck([self.flat])  # skips integer buffers: they cannot hold NaN
 
     def _make_aliases(self) -> None:
         # Aliases need contiguous tensors; parameters and optimizer state are, anything else is copied one by one
@@ -229,19 +224,7 @@ class _FlatBuffer:
             th.cat(self.aliases, out=self.flat)
         else:
             th._foreach_copy_(self.views, [t.detach() for t in self.live])
-        if not self.flat.is_floating_point():
-            return True
-        if self.numpy_pair is not None:
-            flat, zeros = self.numpy_pair
-            return math.isfinite(flat.dot(zeros))
-        return math.isfinite(th.dot(self.flat, self.zeros).item())
-
-    def norm(self) -> float:
-        """The L2 norm of the copy."""
-        if self.numpy_pair is not None:
-            flat = self.numpy_pair[0]
-            return math.sqrt(flat.dot(flat))
-        return th.linalg.vector_norm(self.flat).item()
+        return self._check()
 
 
 class FlatCopy:
@@ -345,4 +328,4 @@ class GradientNorm:
         if self._buffer is None or len(present) < len(grads):
             return th.linalg.vector_norm(th.stack(th._foreach_norm(present))).item()
         th._foreach_copy_(self._buffer.views, present)
-        return self._buffer.norm()
+        return th.linalg.vector_norm(self._buffer.flat).item()
