@@ -248,3 +248,60 @@ def test_policy_classes_subclass_their_sb3_counterparts():
     assert issubclass(SafeMlpPolicy, ActorCriticPolicy)
     assert issubclass(SafeCnnPolicy, ActorCriticCnnPolicy)
     assert issubclass(SafeMultiInputPolicy, MultiInputActorCriticPolicy)
+
+
+def optimizer_foreach(model) -> bool | None:
+    return model.policy.optimizer.param_groups[0].get("foreach")
+
+
+@pytest.mark.parametrize("algo_name", ["ppo", "a2c"])
+def test_foreach_optimizer_trains_bit_identically_to_torch_cpu_default(algo_name):
+    # sb3-safe's default (foreach) against torch's CPU default (one parameter at a time): same numbers, not close ones
+    models = {}
+    for foreach in (True, False):
+        models[foreach] = ALGOS[algo_name](
+            SafeMlpPolicy,
+            IdentityEnvBox(ep_length=20),
+            seed=0,
+            policy_kwargs={} if foreach else torch_default_optimizer(algo_name),
+            **SMALL[algo_name],
+        ).learn(512)
+    assert optimizer_foreach(models[True]) is True
+    assert optimizer_foreach(models[False]) is False
+    assert models[True].policy.optimizer_kwargs == {**models[False].policy.optimizer_kwargs, "foreach": True}
+    with_foreach, with_loop = (model.policy.state_dict() for model in (models[True], models[False]))
+    assert all(th.equal(with_foreach[key], with_loop[key]) for key in with_loop)
+    moments = [
+        th.equal(state_a[key], state_b[key])
+        for state_a, state_b in zip(
+            models[True].policy.optimizer.state.values(), models[False].policy.optimizer.state.values(), strict=True
+        )
+        for key in state_a
+    ]
+    assert moments and all(moments)
+
+
+def torch_default_optimizer(algo_name: str) -> dict:
+    # SB3's default optimizer (PPO: Adam, A2C: RMSprop; A2C replaces optimizer_kwargs unless optimizer_class is
+    # given) with torch's CPU default implementation
+    if algo_name == "ppo":
+        return dict(optimizer_kwargs=dict(eps=1e-5, foreach=False))
+    return dict(optimizer_class=th.optim.RMSprop, optimizer_kwargs=dict(alpha=0.99, eps=1e-5, weight_decay=0, foreach=False))
+
+
+@pytest.mark.parametrize(
+    "optimizer_kwargs, expected_foreach",
+    [(dict(foreach=False), False), (dict(fused=True), None), (dict(foreach=None), None), (dict(fused=False), True)],
+)
+def test_users_optimizer_implementation_choice_is_kept(optimizer_kwargs, expected_foreach, tmp_path):
+    model = PPO(SafeMlpPolicy, IdentityEnvBox(ep_length=20), seed=0, policy_kwargs=dict(optimizer_kwargs=optimizer_kwargs))
+    assert optimizer_foreach(model) is expected_foreach
+    assert model.policy.optimizer.param_groups[0]["fused"] is optimizer_kwargs.get("fused")
+    model.save(tmp_path / "model.zip")
+    assert optimizer_foreach(PPO.load(tmp_path / "model.zip")) is expected_foreach
+
+
+def test_optimizer_without_foreach_option_is_built_as_given():
+    model = PPO(SafeMlpPolicy, IdentityEnvBox(ep_length=20), seed=0, policy_kwargs=dict(optimizer_class=th.optim.LBFGS))
+    assert isinstance(model.policy.optimizer, th.optim.LBFGS)
+    assert "foreach" not in model.policy.optimizer_kwargs

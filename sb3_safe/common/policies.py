@@ -1,5 +1,6 @@
 """Drop-in SB3 actor-critic policies whose action distributions stay finite and valid."""
 
+import inspect
 from typing import Any
 
 import numpy as np
@@ -35,6 +36,10 @@ class SafeActorCriticPolicy(ActorCriticPolicy):
 
     A non-finite network output raises :class:`sb3_safe.NonFiniteError` naming it (mean, log-std or logits).
     With default arguments the ``state_dict`` keys equal those of SB3's policy, so checkpoints load both ways.
+
+    The optimizer is built with ``foreach=True`` (see :func:`prefer_foreach`) unless ``optimizer_kwargs`` chooses
+    an implementation: the same arithmetic as torch's per-parameter loop, which torch uses by default on CPU,
+    with far fewer operator calls per step.
     """
 
     def __init__(
@@ -64,6 +69,7 @@ class SafeActorCriticPolicy(ActorCriticPolicy):
         self._squash_output = squash_output
 
     def _build(self, lr_schedule: Schedule) -> None:
+        self.optimizer_kwargs = prefer_foreach(self.optimizer_class, self.optimizer_kwargs)
         self.action_dist = make_safe_distribution(
             self.action_space,
             log_std_range=self.log_std_range,
@@ -85,6 +91,24 @@ class SafeActorCriticPolicy(ActorCriticPolicy):
         data = super()._get_constructor_parameters()
         data.update(squash_output=self.squash_output, log_std_range=self.log_std_range, logit_bound=self.logit_bound)
         return data
+
+
+def prefer_foreach(optimizer_class: type[th.optim.Optimizer], optimizer_kwargs: dict[str, Any]) -> dict[str, Any]:
+    """
+    ``optimizer_kwargs`` with ``foreach=True`` added when ``optimizer_class`` has a ``foreach`` option and the caller
+    chose none (no ``foreach`` given, ``fused`` and ``differentiable`` not set).
+
+    torch uses its multi-tensor (``foreach``) implementation by default only on accelerators; on CPU it steps one
+    parameter at a time, a dozen small operations each. Both implementations compute the same values (tested
+    bit for bit for Adam and RMSprop); with a small policy the per-operation cost is a large part of an update.
+
+    :param optimizer_class: the policy's optimizer class
+    :param optimizer_kwargs: its keyword arguments (not modified)
+    """
+    chosen = "foreach" in optimizer_kwargs or optimizer_kwargs.get("fused") or optimizer_kwargs.get("differentiable")
+    if chosen or "foreach" not in inspect.signature(optimizer_class).parameters:
+        return optimizer_kwargs
+    return {**optimizer_kwargs, "foreach": True}
 
 
 class SafeCnnPolicy(SafeActorCriticPolicy, ActorCriticCnnPolicy):
