@@ -120,6 +120,47 @@ def test_kl_matches_torch(family: str) -> None:
     th.testing.assert_close(analytic_kl(distribution_params(old), new), expected, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+def test_batchmean_is_the_mean_of_the_per_sample_kls_with_the_same_gradient(family: str) -> None:
+    # The training loss takes the fused batch mean; it must be the per-sample KLs' mean, value and gradient
+    generator = th.Generator().manual_seed(4)
+    old, _ = make_pair(family, generator, scale=2.0)
+    raw = (2.0 * th.randn(BATCH, 2 * sum(NVEC), generator=generator)).requires_grad_(True)
+    results = []
+    for reduction in ("none", "batchmean"):
+        new = make_pair(family, generator)[1]
+        _rebuild_from(new, raw)
+        kl = analytic_kl(distribution_params(old), new, reduction=reduction)
+        mean = kl.mean() if reduction == "none" else kl
+        (gradient,) = th.autograd.grad(mean, raw)
+        results.append((mean, gradient))
+    (mean_none, gradient_none), (mean_fused, gradient_fused) = results
+    assert mean_fused.shape == () and mean_none > 0
+    th.testing.assert_close(mean_fused, mean_none, rtol=1e-6, atol=0)
+    assert gradient_none.abs().sum() > 0
+    th.testing.assert_close(gradient_fused, gradient_none, rtol=1e-5, atol=1e-7)
+
+
+def _rebuild_from(dist: Any, raw: th.Tensor) -> None:
+    """Give ``dist`` parameters taken from the columns of ``raw`` (differentiable)."""
+    if isinstance(dist, DiagGaussianDistribution):
+        dist.proba_distribution(raw[:, :ACTION_DIM], 0.5 * raw[:, ACTION_DIM : 2 * ACTION_DIM])
+    elif isinstance(dist, SafeCategoricalDistribution):
+        dist.proba_distribution(raw[:, :5])
+    elif isinstance(dist, SafeMultiCategoricalDistribution):
+        dist.proba_distribution(raw[:, : sum(NVEC)])
+    else:
+        dist.proba_distribution(raw[:, :ACTION_DIM])
+
+
+def test_unknown_reduction_is_refused() -> None:
+    old, new = make_pair("gaussian", th.Generator().manual_seed(5))
+    with pytest.raises(ValueError, match="reduction must be 'none' or 'batchmean', got 'mean'"):
+        analytic_kl(distribution_params(old), new, reduction="mean")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="reduction"):
+        categorical_kl(th.zeros(2, 3), th.zeros(2, 3), reduction="sum")  # type: ignore[arg-type]
+
+
 def test_gsde_has_no_analytic_kl() -> None:
     dist = StateDependentNoiseDistribution(ACTION_DIM)
     assert not has_analytic_kl(dist)
@@ -142,6 +183,7 @@ def test_gaussian_kl_gradient_is_exact(broadcast_log_std: bool) -> None:
         shapes[3] = (ACTION_DIM,)
     args = [th.randn(*shape, generator=generator, dtype=th.float64).requires_grad_(True) for shape in shapes]
     assert th.autograd.gradcheck(gaussian_kl, args)
+    assert th.autograd.gradcheck(lambda *inputs: gaussian_kl(*inputs, reduction="batchmean"), args)
 
     weights = th.rand(BATCH, ACTION_DIM, generator=generator, dtype=th.float64)
     ours = th.autograd.grad((weights * gaussian_kl(*args)).sum(), args)

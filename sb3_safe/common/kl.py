@@ -18,7 +18,7 @@ Every function here is finite and non-negative for all finite inputs: log-stds a
 :func:`~sb3_safe.common.distributions.standardize`, as in ``distributions.py``.
 """
 
-from typing import Any
+from typing import Any, Literal
 
 import torch as th
 from stable_baselines3.common.distributions import (
@@ -39,6 +39,11 @@ from sb3_safe.common.distributions import (
 
 #: |log_ratio| above which it is clamped before ``exp``: ratios stay in [2e-9, 4.9e8]
 LOG_RATIO_LIMIT = 20.0
+
+#: ``"none"``: one value per sample (element-wise for :func:`gaussian_kl`); ``"batchmean"``: their sum divided by the
+#: batch size (the first dimension), as in :func:`torch.nn.functional.kl_div`: the mean KL per sample, computed
+#: without the per-sample tensor's graph nodes (a training loss needs only the mean)
+Reduction = Literal["none", "batchmean"]
 
 
 def has_analytic_kl(distribution: Distribution) -> bool:
@@ -87,7 +92,9 @@ class _GaussianKL(th.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx: Any, mean_p: th.Tensor, log_std_p: th.Tensor, mean_q: th.Tensor, log_std_q: th.Tensor) -> th.Tensor:
+    def forward(
+        ctx: Any, mean_p: th.Tensor, log_std_p: th.Tensor, mean_q: th.Tensor, log_std_q: th.Tensor, batchmean: bool
+    ) -> th.Tensor:
         log_std_q = log_std_q.clamp(-LOG_STD_LIMIT, LOG_STD_LIMIT)
         inv_std_q = th.exp(-log_std_q)
         # standardize(), in place on fresh tensors; the difference clamp keeps inf out of the product
@@ -101,12 +108,16 @@ class _GaussianKL(th.autograd.Function):
         ctx.save_for_backward(z_score, inv_std_q, double_log_ratio, expm1_ratio)
         ctx.shapes = (mean_p.shape, log_std_p.shape, mean_q.shape, log_std_q.shape)
         # Rounding can make expm1(x) - x slightly negative for tiny x; the KL is >= 0
-        return (z_squared + expm1_ratio).sub_(double_log_ratio).mul_(0.5).clamp_(min=0.0)
+        kl = (z_squared + expm1_ratio).sub_(double_log_ratio).mul_(0.5).clamp_(min=0.0)
+        ctx.scale = 1.0 / kl.shape[0] if batchmean else 1.0
+        return kl.sum().mul_(ctx.scale) if batchmean else kl
 
     @staticmethod
     def backward(ctx: Any, grad: th.Tensor) -> tuple[th.Tensor | None, ...]:
         z_score, inv_std_q, double_log_ratio, expm1_ratio = ctx.saved_tensors
         needs = ctx.needs_input_grad
+        # batchmean: every element's gradient is the scalar's divided by the batch size (broadcast below)
+        grad = grad * ctx.scale
         # The KL's gradient: d/d mean_p = z / std_q = -d/d mean_q, d/d log_std_p = expm1(2d),
         # d/d log_std_q = -expm1(2d) - z^2; zero through a clamp that is active (extreme inputs), as autograd
         # would give, so an exploded mean or log-std gets no gradient from the penalty rather than a huge one.
@@ -121,12 +132,15 @@ class _GaussianKL(th.autograd.Function):
             -(grad_d + grad_z * z_score) if needs[3] else None,
         )
         # Inputs broadcast in the forward pass get their gradient summed back to their shape
-        return tuple(
+        input_grads = tuple(
             g if g is None or g.shape == shape else g.sum_to_size(shape) for g, shape in zip(grads, ctx.shapes, strict=True)
         )
+        return (*input_grads, None)
 
 
-def gaussian_kl(mean_p: th.Tensor, log_std_p: th.Tensor, mean_q: th.Tensor, log_std_q: th.Tensor) -> th.Tensor:
+def gaussian_kl(
+    mean_p: th.Tensor, log_std_p: th.Tensor, mean_q: th.Tensor, log_std_q: th.Tensor, reduction: Reduction = "none"
+) -> th.Tensor:
     """
     Element-wise ``KL(N(mean_p, std_p) || N(mean_q, std_q))``, differentiable in all four arguments.
 
@@ -140,11 +154,19 @@ def gaussian_kl(mean_p: th.Tensor, log_std_p: th.Tensor, mean_q: th.Tensor, log_
         a value beyond is taken as the limit)
     :param mean_q: mean of the second Gaussian
     :param log_std_q: its log-std, likewise
+    :param reduction: ``"none"``, or ``"batchmean"``: the sum of all elements divided by the first dimension's
+        size (with ``(batch, action_dim)`` inputs: the mean over the batch of the KL summed over action dimensions)
     """
-    return _GaussianKL.apply(mean_p, log_std_p, mean_q, log_std_q)
+    return _GaussianKL.apply(mean_p, log_std_p, mean_q, log_std_q, _batchmean(reduction))
 
 
-def categorical_kl(log_p: th.Tensor, log_q: th.Tensor) -> th.Tensor:
+def _batchmean(reduction: Reduction) -> bool:
+    if reduction not in ("none", "batchmean"):
+        raise ValueError(f"reduction must be 'none' or 'batchmean', got {reduction!r}")
+    return reduction == "batchmean"
+
+
+def categorical_kl(log_p: th.Tensor, log_q: th.Tensor, reduction: Reduction = "none") -> th.Tensor:
     """
     ``KL(p || q)`` of categoricals over the last dimension, from normalized log-probabilities.
 
@@ -154,10 +176,15 @@ def categorical_kl(log_p: th.Tensor, log_q: th.Tensor) -> th.Tensor:
 
     :param log_p: log-probabilities of p
     :param log_q: log-probabilities of q
+    :param reduction: ``"none"``: one KL per sample (all dimensions but the last); ``"batchmean"``: their sum
+        divided by the size of the first dimension
     """
     lowest = th.finfo(log_q.dtype).min
-    terms = F.kl_div(log_q.clamp(min=lowest), log_p.clamp(min=lowest), reduction="none", log_target=True)
-    return terms.sum(dim=-1).clamp(min=0.0)
+    log_q, log_p = log_q.clamp(min=lowest), log_p.clamp(min=lowest)
+    if _batchmean(reduction):
+        # Rounding can make a KL of (nearly) equal distributions slightly negative
+        return F.kl_div(log_q, log_p, reduction="batchmean", log_target=True).clamp(min=0.0)
+    return F.kl_div(log_q, log_p, reduction="none", log_target=True).sum(dim=-1).clamp(min=0.0)
 
 
 def bernoulli_kl(logits_p: th.Tensor, logits_q: th.Tensor) -> th.Tensor:
@@ -172,28 +199,33 @@ def bernoulli_kl(logits_p: th.Tensor, logits_q: th.Tensor) -> th.Tensor:
     return categorical_kl(log_p, log_q)
 
 
-def analytic_kl(old_params: th.Tensor, distribution: Distribution) -> th.Tensor:
+def analytic_kl(old_params: th.Tensor, distribution: Distribution, reduction: Reduction = "none") -> th.Tensor:
     """
     ``KL(pi_old || pi)`` per sample, summed over action dimensions.
 
     :param old_params: ``(batch, width)`` parameters of the old policy, from :func:`distribution_params`
     :param distribution: the current distribution on the same observations (gradients flow through it)
-    :return: ``(batch,)`` tensor, finite and >= 0
+    :param reduction: ``"none"``: the ``(batch,)`` per-sample KLs; ``"batchmean"``: their mean (a scalar)
+    :return: finite and >= 0
     """
     if isinstance(distribution, DiagGaussianDistribution):
         old_mean, old_log_std = old_params.chunk(2, dim=1)
-        kl = gaussian_kl(old_mean, old_log_std, distribution.distribution.mean, _gaussian_log_std(distribution))
-        return kl.sum(dim=1)
+        kl = gaussian_kl(
+            old_mean, old_log_std, distribution.distribution.mean, _gaussian_log_std(distribution), reduction=reduction
+        )
+        return kl if _batchmean(reduction) else kl.sum(dim=1)
     if isinstance(distribution, CategoricalDistribution):
-        return categorical_kl(old_params, distribution.distribution.logits)
+        return categorical_kl(old_params, distribution.distribution.logits, reduction=reduction)
     if isinstance(distribution, MultiCategoricalDistribution):
         splits = zip(
             old_params.split([int(n) for n in distribution.action_dims], dim=1), distribution.distribution, strict=True
         )
-        return th.stack([categorical_kl(old, new.logits) for old, new in splits], dim=1).sum(dim=1)
-    if isinstance(distribution, BernoulliDistribution):
-        return bernoulli_kl(old_params, distribution.distribution.logits).sum(dim=1)
-    raise ValueError(f"No analytic KL for {type(distribution).__name__}; use approx_kl")
+        per_sample = th.stack([categorical_kl(old, new.logits) for old, new in splits], dim=1).sum(dim=1)
+    elif isinstance(distribution, BernoulliDistribution):
+        per_sample = bernoulli_kl(old_params, distribution.distribution.logits).sum(dim=1)
+    else:
+        raise ValueError(f"No analytic KL for {type(distribution).__name__}; use approx_kl")
+    return per_sample.mean() if _batchmean(reduction) else per_sample
 
 
 def clamp_log_ratio(log_ratio: th.Tensor) -> th.Tensor:

@@ -180,11 +180,12 @@ class KLAdaptivePPO(PPO):
         super()._setup_model()
         self.rollout_buffer.attach_policy(self.policy)
 
-    def _kl_to_old(
+    def _mean_kl_to_old(
         self, rollout_data: KLRolloutBufferSamples | KLDictRolloutBufferSamples, log_prob: th.Tensor | None = None
     ) -> th.Tensor:
         """
-        Per-sample KL(pi_old || pi) for the distribution the last forward pass left in ``policy.action_dist``.
+        Mean KL(pi_old || pi) over the samples, for the distribution the last forward pass left in
+        ``policy.action_dist``.
 
         :param log_prob: log-probabilities of the stored actions under it, if already computed (needed only
             without an analytic KL)
@@ -192,10 +193,10 @@ class KLAdaptivePPO(PPO):
         # SB3's distributions are stateful: evaluate_actions and get_distribution leave theirs in policy.action_dist
         distribution = self.policy.action_dist
         if has_analytic_kl(distribution):
-            return analytic_kl(rollout_data.old_dist_params, distribution)
+            return analytic_kl(rollout_data.old_dist_params, distribution, reduction="batchmean")
         if log_prob is None:
             log_prob = distribution.log_prob(self._actions(rollout_data))
-        return approx_kl(log_prob - rollout_data.old_log_prob)
+        return approx_kl(log_prob - rollout_data.old_log_prob).mean()
 
     @th.no_grad()
     def _rollout_kl(self) -> float:
@@ -205,9 +206,9 @@ class KLAdaptivePPO(PPO):
         # No gradients here, so larger batches than the minibatches: fewer passes; only the actor is evaluated
         for rollout_data in self.rollout_buffer.get(max(self.batch_size, _MEASURE_BATCH_SIZE)):
             self.policy.get_distribution(rollout_data.observations)
-            kl = self._kl_to_old(rollout_data)
-            total += kl.sum().item()
-            count += kl.numel()
+            n_samples = len(rollout_data.actions)
+            total += self._mean_kl_to_old(rollout_data).item() * n_samples
+            count += n_samples
         return total / count
 
     def _actions(self, rollout_data: KLRolloutBufferSamples | KLDictRolloutBufferSamples) -> th.Tensor:
@@ -241,12 +242,12 @@ class KLAdaptivePPO(PPO):
                 # Clamped before exp: even a diverged log-prob cannot overflow the ratio
                 log_ratio = clamp_log_ratio(raw_log_ratio)
                 ratio = th.exp(log_ratio)
-                kl = self._kl_to_old(rollout_data, log_prob)
+                mean_kl = self._mean_kl_to_old(rollout_data, log_prob)
 
                 # Clipped surrogate (paper eq. 7) + adaptive KL penalty (sec. 4) + value and entropy terms (eq. 9)
                 surrogate = th.min(advantages * ratio, advantages * th.clamp(ratio, 1 - clip_range, 1 + clip_range))
                 policy_loss = -surrogate.mean()
-                kl_penalty = self.kl_beta * kl.mean()
+                kl_penalty = self.kl_beta * mean_kl
                 if clip_range_vf is not None:
                     values = rollout_data.old_values + th.clamp(
                         values - rollout_data.old_values, -clip_range_vf, clip_range_vf
