@@ -6,11 +6,12 @@ from pathlib import Path
 import pytest
 
 from benchmarks.__main__ import main
+from benchmarks.overhead import median_interval, verdict
 
 #: Columns every run row has, and the ones each suite adds
 COMMON_KEYS = {"kind", "variant", "env", "seed", "timesteps", "wall_s", "cpu_s", "error", "params_finite", "final_return"}
 SUITE_KEYS = {
-    "overhead": {"round", "position", "steps_per_s", "cpu_steps_per_s"},
+    "overhead": {"replica", "round", "position", "steps_per_s", "cpu_steps_per_s"},
     "learning": {"family", "curve", "skipped_updates", "kl_beta"},
     "stress": {"config", "role", "guard_rollbacks", "guard_stopped"},
 }
@@ -44,3 +45,20 @@ def test_suite_runs_end_to_end(suite: str, tmp_path: Path) -> None:
     (tmp_path / f"{suite}.md").write_text(report + "my reading\n")
     main(["report", suite, "--out", str(tmp_path)])
     assert (tmp_path / f"{suite}.md").read_text().endswith("my reading\n")
+
+
+def test_median_interval_uses_order_statistics_with_exact_coverage() -> None:
+    # n = 11: x_(3)..x_(9) covers the median with probability 1 - 2 * (1 + 11 + 55) / 2**11 = 0.9346;
+    # x_(4)..x_(8) would cover only 0.77 (< 0.9)
+    low, high, coverage = median_interval([float(value) for value in (5, 1, 9, 3, 7, 11, 2, 10, 4, 8, 6)])
+    assert (low, high) == (3.0, 9.0) and coverage == pytest.approx(1 - 2 * 67 / 2048)
+    # n = 7: no narrower interval reaches 0.9, so the range (coverage 1 - 2 / 128)
+    assert median_interval([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0]) == (1.0, 7.0, pytest.approx(1 - 2 / 128))
+
+
+@pytest.mark.parametrize(
+    "low, high, expected",
+    [(0.98, 1.03, "yes"), (1.031, 1.05, "**no**"), (0.99, 1.05, "within noise (median yes)")],
+)
+def test_overhead_verdict_reads_the_interval(low: float, high: float, expected: str) -> None:
+    assert verdict(1.02 if "yes" in expected else 1.04, low, high, 1.03) == expected
