@@ -10,7 +10,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from sb3_safe.doctor import run_doctor
+from sb3_safe.doctor import STOCK_LOG_STD_RANGE, WEIGHT_LIMIT, run_doctor
 
 #: exit status for bad input to ``train`` / ``enjoy`` (argparse's for usage errors)
 EXIT_USAGE = 2
@@ -23,11 +23,14 @@ def _doctor(args: argparse.Namespace) -> int:
 def _add_doctor(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
     parser = subparsers.add_parser(
         "doctor",
-        help="check a saved SB3 model for NaN / inf, without its environment",
+        help="check a saved SB3 model for NaN / inf and runaway magnitudes, without its environment",
         description=(
             "Load any SB3 model zip without an environment and report non-finite tensors by name, "
-            "the log-std range and the largest weights. "
-            "Exit status: 0 healthy, 1 non-finite values found, 2 not a readable SB3 model."
+            "the log-std range and the largest weights. Unhealthy besides NaN / inf: a log-std outside the "
+            "policy's log_std_range (sb3-safe's policies) or outside "
+            f"[{STOCK_LOG_STD_RANGE[0]:g}, {STOCK_LOG_STD_RANGE[1]:g}] (other policies), a policy weight with "
+            f"|value| > {WEIGHT_LIMIT:g} (the reasons: sb3_safe.doctor). "
+            "Exit status: 0 healthy, 1 unhealthy, 2 not a readable SB3 model (or a directory)."
         ),
     )
     parser.add_argument("path", help="the model .zip")
@@ -92,7 +95,8 @@ def _add_train(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]"
             "use sb3-safe's packaged zoo_configs/<algo>.yml; the stock algorithms use rl_zoo3's own.\n"
             "After training (not -optimize) the saved model is evaluated for --eval-episodes episodes and\n"
             "the training returns are plotted to learning_curve.png next to it.\n"
-            "Exit status: 0 done, 2 unknown algorithm or environment id, or a config key the algorithm rejects."
+            "Exit status: 0 done, 2 bad input (an option, the configuration file, a hyperparameter, the trial\n"
+            "of --trial-id), with one line on stderr, before training starts."
         ),
     )
     parser.add_argument("--no-report", action="store_true", help="skip the final evaluation and the learning-curve plot")
@@ -106,7 +110,8 @@ def _add_enjoy(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]"
         description=(
             "Run rl-baselines3-zoo's enjoy (python -m rl_zoo3.enjoy) with kl_ppo and safe_a2c registered:\n"
             "load the model that `sb3-safe train` saved in the log folder (-f) and run or render it.\n"
-            "Every rl_zoo3.enjoy option is accepted (listed below)."
+            "Every rl_zoo3.enjoy option is accepted (listed below).\n"
+            "Exit status: 0 done, 2 bad input (an option, no saved model where -f points), with one line on stderr."
         ),
     )
 

@@ -1,5 +1,10 @@
 """
-``sb3-safe doctor``: check a saved SB3 model for non-finite values, without its environment.
+``sb3-safe doctor``: check a saved SB3 model for non-finite values and for magnitudes beyond the limits of a
+working policy, without its environment.
+
+A model is unhealthy if a tensor holds NaN or inf, if the policy's log-std leaves its range (the policy's own
+``log_std_range`` for sb3-safe's policies, :data:`STOCK_LOG_STD_RANGE` for other policies), or if a policy
+weight exceeds :data:`WEIGHT_LIMIT` in magnitude.
 
 Only the tensors are loaded (``torch.load(weights_only=True)``) and the JSON metadata is read as text, so no
 pickled object from the file is executed and the classes the model was built with need not be installed.
@@ -19,15 +24,59 @@ from typing import Any, TextIO, cast
 import torch as th
 from stable_baselines3.common.save_util import load_from_zip_file
 
+from sb3_safe.common.distributions import DEFAULT_LOG_STD_RANGE
 from sb3_safe.common.numerics import NonFiniteTensor, find_nonfinite
+from sb3_safe.common.policies import SafeActorCriticPolicy, SafeCnnPolicy, SafeMultiInputPolicy
 
 EXIT_HEALTHY = 0
 EXIT_UNHEALTHY = 1
 EXIT_UNREADABLE = 2
 
+#: Log-std range of policies without a ``log_std_range`` (SB3's own). Ceiling 5 (std 148): SB3 recommends
+#: actions scaled to [-1, 1], where nearly every action sampled with such a std is clipped to a bound; it is
+#: 3 above the ceiling of sb3-safe's default range (SAC's 2, std 7.4), leaving room for wider action spaces.
+#: Floor -20 (std 2e-9, SAC's): below float32's resolution near 1 (6e-8), sampling returns the mean itself.
+STOCK_LOG_STD_RANGE = (DEFAULT_LOG_STD_RANGE[0], 5.0)
+#: Largest healthy |value| of a policy weight: float32 values from 2^13 (8192) on are 2^-10 (~1e-3) apart, so an
+#: Adam step of PPO's default learning rate (3e-4, less than half that) rounds away: the weight cannot be trained
+WEIGHT_LIMIT = 1e4
+#: sb3-safe's policies (as ``module.Name``): their log-std stays in their ``log_std_range``, by default
+#: DEFAULT_LOG_STD_RANGE
+_SAFE_POLICIES = frozenset(
+    f"{cls.__module__}.{cls.__name__}" for cls in (SafeActorCriticPolicy, SafeCnnPolicy, SafeMultiInputPolicy)
+)
+
 
 class UnreadableModelError(Exception):
     """The file is not a readable SB3 model; the message says why, in one line."""
+
+
+@dataclass
+class BeyondLimit:
+    """
+    A policy tensor with finite values beyond a limit.
+
+    :param name: the tensor's name, e.g. ``policy.log_std``
+    :param quantity: what is limited: ``log-std`` or ``|weight|``
+    :param value: its value farthest beyond the limit
+    :param limit: the limit it passes
+    :param reason: which limit it is
+    """
+
+    name: str
+    quantity: str
+    value: float
+    limit: float
+    reason: str
+
+    def __str__(self) -> str:
+        side = "above" if self.value > self.limit else "below"
+        if self.quantity == "log-std":
+            value = f"{self.value:.4g} (std {_safe_exp(self.value):.4g})"
+            limit = f"{self.limit:.4g} (std {_safe_exp(self.limit):.4g})"
+        else:
+            value, limit = f"{self.value:.4g}", f"{self.limit:.4g}"
+        return f"{self.name}: {self.quantity} {value} {side} {limit}, {self.reason}"
 
 
 @dataclass
@@ -42,6 +91,9 @@ class DoctorReport:
     :param n_values: number of values in them
     :param nonfinite: the tensors holding NaN or inf
     :param log_std_range: (min, max) over the policy's ``log_std`` parameters, if it has any
+    :param log_std_limits: the (low, high) range the policy's log-std must stay in
+    :param log_std_limits_source: where ``log_std_limits`` comes from
+    :param beyond_limits: the policy tensors with finite values beyond ``log_std_limits`` or :data:`WEIGHT_LIMIT`
     :param largest: the policy tensors with the largest |value|, largest first, as (name, max |value|)
     """
 
@@ -52,11 +104,14 @@ class DoctorReport:
     n_values: int = 0
     nonfinite: list[NonFiniteTensor] = field(default_factory=list)
     log_std_range: tuple[float, float] | None = None
+    log_std_limits: tuple[float, float] = STOCK_LOG_STD_RANGE
+    log_std_limits_source: str = "the range for stock policies"
+    beyond_limits: list[BeyondLimit] = field(default_factory=list)
     largest: list[tuple[str, float]] = field(default_factory=list)
 
     @property
     def healthy(self) -> bool:
-        return not self.nonfinite
+        return not self.nonfinite and not self.beyond_limits
 
     def to_dict(self) -> dict[str, Any]:
         """The report as JSON-serializable data."""
@@ -68,6 +123,12 @@ class DoctorReport:
             "n_tensors": self.n_tensors,
             "n_values": self.n_values,
             "nonfinite": [vars(bad) for bad in self.nonfinite],
+            "beyond_limits": [vars(bad) for bad in self.beyond_limits],
+            "limits": {
+                "log_std": self.log_std_limits,
+                "log_std_source": self.log_std_limits_source,
+                "weight": WEIGHT_LIMIT,
+            },
             "log_std_range": self.log_std_range,
             "largest": [{"name": name, "max_abs": _json_float(value)} for name, value in self.largest],
         }
@@ -84,10 +145,18 @@ class DoctorReport:
         )
         lines = [f"{self.path}" + (f" ({about})" if about else "")]
         if self.healthy:
-            lines.append(f"Healthy: all {self.n_tensors} tensors ({self.n_values} values) are finite.")
-        else:
+            lines.append(f"Healthy: all {self.n_tensors} tensors ({self.n_values} values) are finite, within the limits.")
+        if self.nonfinite:
             lines.append(f"UNHEALTHY: {len(self.nonfinite)} of {self.n_tensors} tensors hold NaN or inf:")
             lines += [f"  {bad}" for bad in self.nonfinite]
+        if self.beyond_limits:
+            n_beyond = len(self.beyond_limits)
+            lines.append(f"UNHEALTHY: {n_beyond} policy tensor{'s' if n_beyond > 1 else ''} beyond the limits:")
+            lines += [f"  {bad}" for bad in self.beyond_limits]
+        low, high = self.log_std_limits
+        lines.append(
+            f"Limits: log-std in [{low:.4g}, {high:.4g}] ({self.log_std_limits_source}), |weight| <= {WEIGHT_LIMIT:.4g}"
+        )
         if self.log_std_range is not None:
             low, high = self.log_std_range
             lines.append(f"log-std range: [{low:.4g}, {high:.4g}] (std [{_safe_exp(low):.4g}, {_safe_exp(high):.4g}])")
@@ -135,6 +204,15 @@ def _read_metadata(path: Path, report: DoctorReport) -> None:
     if isinstance(data.get("num_timesteps"), int):
         report.num_timesteps = data["num_timesteps"]
     report.policy_class = _class_name(data.get("policy_class"))
+    policy_kwargs = data.get("policy_kwargs")
+    # SB3 writes the JSON-able items of policy_kwargs as JSON, also when it pickles the whole dict
+    declared = policy_kwargs.get("log_std_range") if isinstance(policy_kwargs, dict) else None
+    if isinstance(declared, list) and len(declared) == 2 and all(isinstance(bound, int | float) for bound in declared):
+        report.log_std_limits = (float(declared[0]), float(declared[1]))
+        report.log_std_limits_source = "the policy's log_std_range"
+    elif report.policy_class in _SAFE_POLICIES:
+        report.log_std_limits = DEFAULT_LOG_STD_RANGE
+        report.log_std_limits_source = "the default log_std_range of sb3-safe's policies"
 
 
 def _named_tensors(params: dict[str, Any], variables: dict[str, Any] | None) -> list[tuple[str, th.Tensor]]:
@@ -151,9 +229,33 @@ def _named_tensors(params: dict[str, Any], variables: dict[str, Any] | None) -> 
     return [(name, value) for name, value in named if isinstance(value, th.Tensor) and value.is_floating_point()]
 
 
+def _beyond_limits(policy: list[tuple[str, th.Tensor]], report: DoctorReport) -> list[BeyondLimit]:
+    """The policy tensors whose finite values pass the log-std limits or WEIGHT_LIMIT (NaN and inf are reported apart)."""
+    low, high = report.log_std_limits
+    source = report.log_std_limits_source
+    beyond = []
+    for name, tensor in policy:
+        finite = tensor[th.isfinite(tensor)]
+        if finite.numel() == 0:
+            continue
+        if name.endswith("log_std"):
+            top, bottom = finite.max(), finite.min()
+            # In the tensor's dtype: a safe policy clamps its log-std to the bounds rounded to float32
+            if top > th.tensor(high, dtype=finite.dtype):
+                beyond.append(BeyondLimit(name, "log-std", top.item(), high, f"the ceiling of {source}"))
+            if bottom < th.tensor(low, dtype=finite.dtype):
+                beyond.append(BeyondLimit(name, "log-std", bottom.item(), low, f"the floor of {source}"))
+        elif (largest := finite.abs().max().item()) > WEIGHT_LIMIT:
+            reason = "the limit for weights (float32 rounds away Adam steps of 3e-4 there)"
+            beyond.append(BeyondLimit(name, "|weight|", largest, WEIGHT_LIMIT, reason))
+    return beyond
+
+
 def diagnose(path: str | Path, top: int = 5) -> DoctorReport:
     """
-    Check every tensor of a saved SB3 model.
+    Check every tensor of a saved SB3 model for NaN and inf, and the policy's tensors against the limits: its
+    log-std against its ``log_std_range`` (sb3-safe's policies) or :data:`STOCK_LOG_STD_RANGE` (other policies),
+    its other tensors against :data:`WEIGHT_LIMIT`.
 
     :param path: the model ``.zip``
     :param top: how many of the largest policy tensors to report
@@ -161,6 +263,10 @@ def diagnose(path: str | Path, top: int = 5) -> DoctorReport:
     :raises UnreadableModelError: if the file is not a readable SB3 model
     """
     path = Path(path)
+    if path.is_dir():
+        models = sorted(model.name for model in path.glob("*.zip"))
+        holds = f" (it holds {', '.join(models[:3])}{', ...' if len(models) > 3 else ''})" if models else ""
+        raise UnreadableModelError(f"{path}: is a directory; pass the model's .zip{holds}")
     if not path.is_file():
         raise UnreadableModelError(f"{path}: no such file")
     if not zipfile.is_zipfile(path):
@@ -174,7 +280,7 @@ def diagnose(path: str | Path, top: int = 5) -> DoctorReport:
         raise UnreadableModelError(f"{path}: a zip archive without policy.pth, so not a saved SB3 model")
 
     report = DoctorReport(str(path))
-    # Metadata is informative only; the tensors decide the verdict
+    # Metadata names the model and the policy's log-std range; without it the stock range applies
     with contextlib.suppress(ValueError, KeyError, zipfile.BadZipFile):
         _read_metadata(path, report)
     named = _named_tensors(params, variables)
@@ -198,6 +304,7 @@ def diagnose(path: str | Path, top: int = 5) -> DoctorReport:
     maxima = [(name, tensor.abs().max().item()) for name, tensor in policy]
     maxima.sort(key=lambda item: (math.isnan(item[1]), item[1]), reverse=True)
     report.largest = maxima[:top]
+    report.beyond_limits = _beyond_limits(policy, report)
     return report
 
 
@@ -210,7 +317,8 @@ def run_doctor(path: str, top: int = 5, as_json: bool = False, out: TextIO | Non
     :param as_json: print the report as JSON instead of text
     :param out: where the report goes (default stdout)
     :param err: where the one-line error for an unreadable file goes (default stderr)
-    :return: exit status: 0 healthy, 1 non-finite values found, 2 not a readable SB3 model
+    :return: exit status: 0 healthy, 1 non-finite values or values beyond the limits found, 2 not a readable SB3
+        model (or a directory)
     """
     out = out or sys.stdout
     err = err or sys.stderr

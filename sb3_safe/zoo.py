@@ -7,23 +7,32 @@ Needs the ``zoo`` extra (rl_zoo3, optuna, matplotlib): ``pip install "sb3-safe[z
 """
 
 import argparse
+import ast
 import contextlib
 import difflib
 import importlib
 import inspect
+import io
+import numbers
 import re
+import shutil
 import sys
-from collections.abc import Iterable, Iterator, Sequence
+import types
+import typing
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import gymnasium as gym
 import matplotlib.pyplot as plt
 import numpy as np
 import optuna
+import rl_zoo3.train
 import yaml
 from huggingface_sb3 import EnvironmentName
+from optuna.storages import JournalStorage
+from optuna.storages.journal import JournalFileBackend
 from rl_zoo3 import ALGOS, create_test_env, get_saved_hyperparams
 from rl_zoo3.enjoy import enjoy as zoo_enjoy
 from rl_zoo3.exp_manager import ExperimentManager
@@ -34,8 +43,9 @@ from rl_zoo3.hyperparams_opt import (
     sample_a2c_params,
     sample_ppo_params,
 )
-from rl_zoo3.train import train as zoo_train
+from rl_zoo3.utils import StoreDict, get_model_path
 from stable_baselines3.common.base_class import BaseAlgorithm
+from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.evaluation import evaluate_policy
 from stable_baselines3.common.monitor import load_results
 from stable_baselines3.common.results_plotter import X_TIMESTEPS, plot_results
@@ -50,8 +60,24 @@ CONFIG_DIR = Path(__file__).parent / "zoo_configs"
 #: file name of the learning curve written into the run folder
 LEARNING_CURVE = "learning_curve.png"
 
+#: Entries of a zoo configuration that are not environment ids: rl_zoo3 uses "atari" for the Atari ids without an
+#: entry, "default" for the other ids without one
+SPECIAL_ENTRIES = ("atari", "default")
+
 # CPython's message when a constructor gets a keyword it does not take
 _UNEXPECTED_KEYWORD = re.compile(r"(\w+)\.__init__\(\) got an unexpected keyword argument '(\w+)'")
+# sb3-safe's message for a value outside a fixed set of choices
+_NOT_ONE_OF = re.compile(r"must be one of (\(.*?\)), got '([^']*)'")
+# difflib ratio from which a configuration key that is no registered id counts as a typo of the requested id:
+# one- and two-letter typos of ids score 0.88 and more, keys of other environments mostly less
+_TYPO_CUTOFF = 0.85
+# A number that YAML 1.1 (PyYAML) reads as a string: an exponent without a decimal point
+_YAML_STRING_NUMBER = re.compile(r"[-+]?[0-9]+[eE][-+]?[0-9]+")
+# What rl_zoo3's setup raises for a bad configuration: the constructors of the wrappers, callbacks, environments
+# and the model check their arguments (ValueError, TypeError, SB3's asserts), class paths may not import
+# (ImportError, AttributeError), keys may be missing (KeyError, IndexError). Others (RuntimeError, OSError,
+# MemoryError ...) are not taken for configuration errors.
+_SETUP_ERRORS = (ValueError, TypeError, KeyError, IndexError, AttributeError, ImportError, AssertionError)
 
 
 class ZooUsageError(ValueError):
@@ -205,6 +231,202 @@ def check_env(env_id: str) -> None:
         raise ZooUsageError(f"unknown environment id {env_id!r}; {hint}")
 
 
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _did_you_mean(word: str, choices: Iterable[str]) -> str:
+    matches = _close_matches(word, choices)
+    return f"; did you mean: {', '.join(matches)}?" if matches else ""
+
+
+def _file_hint(path: Path) -> str:
+    # The files next to a missing one with close names
+    siblings = [sibling.name for sibling in path.parent.iterdir()] if path.parent.is_dir() else []
+    matches = _close_matches(path.name, siblings)
+    return f"; did you mean: {', '.join(str(path.parent / match) for match in matches)}?" if matches else ""
+
+
+def _yaml_error(error: yaml.YAMLError) -> str:
+    # PyYAML's message takes several lines, with the file name on each
+    if not isinstance(error, yaml.MarkedYAMLError) or error.problem_mark is None:
+        return f": {_one_line(str(error))}"
+    mark, context_mark = error.problem_mark, error.context_mark
+    where = f" ({error.context} at line {context_mark.line + 1})" if error.context and context_mark else ""
+    return f" at line {mark.line + 1}, column {mark.column + 1}: {_one_line(f'{error.problem}{where}')}"
+
+
+def check_config_file(path: str, env_id: str) -> None:
+    """
+    Check a zoo configuration before rl_zoo3 reads it: the file, its YAML, and the entry rl_zoo3 will take for
+    the environment: the environment's own, else ``atari`` (Atari ids) or ``default``. rl_zoo3 falls back on
+    those silently, so a key that is no registered id and close to the requested one is taken for a typo.
+
+    :param path: the ``--conf-file`` value: a ``.yml`` / ``.yaml`` / ``.py`` file, or else a module name
+    :param env_id: the environment id
+    :raises ZooUsageError: a missing file, a directory, a YAML syntax error, no entry for the environment, or a
+        key that looks like a typo of its id
+    """
+    file = Path(path)
+    if file.is_dir():
+        raise ZooUsageError(f"--conf-file {path}: is a directory; pass a .yml file")
+    if file.suffix not in (".yml", ".yaml", ".py"):
+        return  # rl_zoo3 imports it as a module
+    if not file.is_file():
+        raise ZooUsageError(f"--conf-file {path}: no such file{_file_hint(file)}")
+    if file.suffix == ".py":
+        return
+    try:
+        config = yaml.safe_load(file.read_text())
+    except yaml.YAMLError as error:
+        raise ZooUsageError(f"--conf-file {path}: invalid YAML{_yaml_error(error)}") from error
+    if not isinstance(config, dict):
+        raise ZooUsageError(f"--conf-file {path}: expected environment ids mapped to hyperparameters")
+    keys = [key for key in config if isinstance(key, str)]
+    entry = env_id
+    if env_id not in config:
+        entry = "atari" if ExperimentManager.is_atari(env_id) else "default"
+        unknown = [key for key in keys if key not in SPECIAL_ENTRIES and key not in gym.registry]
+        typos = difflib.get_close_matches(env_id, unknown, n=3, cutoff=_TYPO_CUTOFF)
+        if typos:
+            instead = f"its {entry!r} entry" if entry in config else "no entry"
+            raise ZooUsageError(
+                f"{path} has no entry {env_id!r} but {', '.join(map(repr, typos))}, which is no registered "
+                f"environment id: a typo of {env_id!r}? (rl_zoo3 would train with {instead})"
+            )
+        if entry not in config:
+            hint = _did_you_mean(env_id, keys) or f"; its entries: {', '.join(keys[:8])}{', ...' if len(keys) > 8 else ''}"
+            raise ZooUsageError(f"{path} has no entry {env_id!r} and no {entry!r} entry{hint}")
+    if not isinstance(config[entry], dict):
+        raise ZooUsageError(f"{path}: the entry {entry!r} must map hyperparameter names to values, got {config[entry]!r}")
+
+
+def check_trained_agent(path: str) -> None:
+    """
+    :param path: the ``-i`` value, the saved model to continue training
+    :raises ZooUsageError: if it is not a ``.zip`` file
+    """
+    file = Path(path)
+    if file.is_dir():
+        raise ZooUsageError(f"-i {path}: is a directory; pass the model's .zip")
+    if not file.is_file():
+        raise ZooUsageError(f"-i {path}: no such file{_file_hint(file)}")
+    if file.suffix != ".zip":
+        raise ZooUsageError(f"-i {path}: not a .zip; pass the model's .zip")
+
+
+def check_trial(storage: str | None, study_name: str | None, trial_id: int) -> None:
+    """
+    Check the trial that ``--trial-id`` loads from an optuna study, as rl_zoo3 opens the study.
+
+    :param storage: the ``--storage`` value: an optuna storage URL, or a journal ``.log`` file
+    :param study_name: the ``--study-name`` value
+    :param trial_id: the ``--trial-id`` value: a trial's number in the study
+    :raises ZooUsageError: without a storage or a study name, for a storage file or a study that does not exist,
+        or for a trial number the study does not have
+    """
+    if storage is None or study_name is None:
+        raise ZooUsageError("--trial-id needs --storage and --study-name, the optuna study to read the trial from")
+    journal = storage.endswith(".log")
+    file = storage if journal else storage.removeprefix("sqlite:///") if storage.startswith("sqlite:///") else None
+    # Opening a missing file would create an empty storage
+    if file is not None and not Path(file).is_file():
+        raise ZooUsageError(f"--storage {storage}: no such file {file}{_file_hint(Path(file))}")
+    optuna_storage = JournalStorage(JournalFileBackend(storage)) if journal else storage
+    names = optuna.get_all_study_names(optuna_storage)
+    if study_name not in names:
+        hint = _did_you_mean(study_name, names) or f"; its studies: {', '.join(names) or 'none'}"
+        raise ZooUsageError(f"--study-name {study_name!r}: no such study in {storage}{hint}")
+    n_trials = len(optuna.load_study(study_name=study_name, storage=optuna_storage).get_trials(deepcopy=False))
+    if not 0 <= trial_id < n_trials:
+        trials = f"{n_trials} trials, numbered 0 to {n_trials - 1}" if n_trials else "no trials"
+        raise ZooUsageError(f"--trial-id {trial_id}: study {study_name!r} has {trials}")
+
+
+def _check_saved_run(options: argparse.Namespace) -> None:
+    """Check that ``enjoy`` finds the saved model its options name, as rl_zoo3 looks for it."""
+    env_name = EnvironmentName(options.env)
+    try:
+        # It prints the run it picks; rl_zoo3's enjoy prints that again
+        with contextlib.redirect_stdout(io.StringIO()):
+            get_model_path(
+                options.exp_id,
+                options.folder,
+                options.algo,
+                env_name,
+                options.load_best,
+                options.load_checkpoint,
+                options.load_last_checkpoint,
+            )
+    except (AssertionError, ValueError) as error:
+        # rl_zoo3 saves runs as <folder>/<algo>/<env>_<n>
+        runs = {
+            f"{run.parent.name}/{run.name.rpartition('_')[0]}"
+            for run in Path(options.folder).glob("*/*_[0-9]*")
+            if run.is_dir()
+        }
+        wanted = f"{options.algo}/{env_name}"
+        if wanted in runs:
+            hint = ""  # rl_zoo3's message names the run or the file that is missing
+        elif runs:
+            hint = _did_you_mean(wanted, runs) or f"; runs there: {', '.join(sorted(runs))}"
+        else:
+            hint = f"; no runs in {options.folder}"
+        raise ZooUsageError(f"{_one_line(str(error))}{hint}") from error
+
+
+def _fits(value: Any, annotation: Any) -> bool | None:
+    """Whether a value fits a parameter's annotation; None where this simple check cannot tell."""
+    if annotation is Any:
+        return True
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        fits = [_fits(value, member) for member in typing.get_args(annotation)]
+        return True if True in fits else (False if all(fit is False for fit in fits) else None)
+    if origin is typing.Literal:
+        return value in typing.get_args(annotation)
+    if origin is tuple:
+        return isinstance(value, tuple | list)  # YAML has no tuples
+    if isinstance(origin, type):
+        return isinstance(value, origin)  # dict[...], type[...], Callable[...]
+    if annotation is float:
+        return isinstance(value, numbers.Real)
+    if annotation is int:
+        return isinstance(value, numbers.Integral)
+    if annotation is bool:
+        return isinstance(value, bool | np.bool_ | numbers.Integral)
+    if annotation is type(None):
+        return value is None
+    if isinstance(annotation, type) and annotation is not inspect.Parameter.empty:
+        return isinstance(value, annotation)
+    return None
+
+
+def check_hyperparam_types(algo: str, hyperparams: dict[str, Any]) -> None:
+    """
+    Check the algorithm's keyword arguments against the annotations of its constructor, where these are simple
+    (numbers, bools, strings, classes, dicts, tuples, choices, callables), so that a value of the wrong type
+    (``n_epochs: twenty``) fails before training rather than during it.
+
+    :param algo: the zoo algorithm name
+    :param hyperparams: the keyword arguments rl_zoo3 passes, after its conversions (schedules, policy_kwargs)
+    :raises ZooUsageError: naming the key, its value and what the algorithm takes
+    """
+    algo_class = ALGOS[algo]
+    parameters = inspect.signature(algo_class).parameters
+    for key, value in hyperparams.items():
+        if key not in parameters or _fits(value, parameters[key].annotation) is not False:
+            continue
+        hint = ""
+        if isinstance(value, str) and _YAML_STRING_NUMBER.fullmatch(value):
+            hint = f"; YAML reads {value} as a string: write {float(value)!r}"
+        takes = inspect.formatannotation(parameters[key].annotation)
+        raise ZooUsageError(
+            f"config value {key}: {value!r} is a {type(value).__name__}, but {algo} ({algo_class.__name__}) "
+            f"takes {key}: {takes}{hint}"
+        )
+
+
 def explain_unexpected_keyword(error: TypeError, algo: str) -> str | None:
     """
     One line for a configuration key that a constructor rejected, with the closest keys the algorithm accepts.
@@ -226,8 +448,41 @@ def explain_unexpected_keyword(error: TypeError, algo: str) -> str | None:
     return f"algorithm {algo} ({algo_class.__name__}) does not accept the config key {key!r}; {hint}"
 
 
+def _close_match_hint(error: Exception, message: str) -> str:
+    # A misspelled attribute (a class path's name) or choice
+    if isinstance(error, AttributeError) and error.name is not None and error.obj is not None:
+        return _did_you_mean(error.name, [name for name in dir(error.obj) if not name.startswith("_")])
+    match = _NOT_ONE_OF.search(message)
+    if match is None:
+        return ""
+    try:
+        choices = ast.literal_eval(match.group(1))
+    except (ValueError, SyntaxError):
+        return ""
+    return _did_you_mean(match.group(2), map(str, choices))
+
+
+def explain_config_error(error: Exception, algo: str) -> str:
+    """
+    One line for an error that rl_zoo3 raised while it read the configuration and built the callbacks,
+    wrappers, environments and the model from it.
+
+    :param error: the error
+    :param algo: the zoo algorithm name
+    :return: the explanation, with the close matches of a misspelled key, choice or class name
+    """
+    if isinstance(error, TypeError) and (explanation := explain_unexpected_keyword(error, algo)) is not None:
+        return explanation
+    message = _one_line(str(error))
+    if not isinstance(error, ValueError):
+        # The type says what a KeyError's "'n_timesteps'" or an empty AssertionError means
+        message = f"{type(error).__name__}: {message}" if message else type(error).__name__
+    return f"bad configuration for {algo}: {message}{_close_match_hint(error, message)}"
+
+
 @contextlib.contextmanager
 def _explained_config_errors(algo: str) -> Iterator[None]:
+    # -optimize builds each trial's model after the setup: a key the algorithm rejects fails there
     try:
         yield
     except TypeError as error:
@@ -240,38 +495,124 @@ def _explained_config_errors(algo: str) -> Iterator[None]:
 # ----- running rl_zoo3 -----
 
 
-def _zoo_options(zoo_args: Sequence[str], default_folder: str) -> argparse.Namespace:
-    # Only the options sb3-safe needs to read; rl_zoo3 parses all of them itself (same defaults)
-    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+class _OptionParser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise ZooUsageError(message)
+
+
+class _KeyValues(StoreDict):
+    """rl_zoo3's ``key:value`` options (``--hyperparams``, ``--env-kwargs``), checked item by item."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        for item in values:
+            key, colon, value = item.partition(":")
+            if not (key and colon):
+                hint = f"; did you mean {item.replace('=', ':', 1)}?" if "=" in item else ""
+                raise ZooUsageError(f"{option_string} takes key:value items, got {item!r}{hint}")
+            try:
+                # rl_zoo3 evaluates the value as Python
+                super().__call__(parser, namespace, [item], option_string)
+            except Exception as error:  # anything the expression raises
+                quotes = "; a string needs quotes: key:\"'text'\"" if isinstance(error, NameError) else ""
+                reason = f"{type(error).__name__}: {_one_line(str(error))}"
+                raise ZooUsageError(f"{option_string} {item}: cannot evaluate {value!r} ({reason}){quotes}") from error
+
+
+def _zoo_options(command: str, zoo_args: Sequence[str]) -> argparse.Namespace:
+    # Only the options sb3-safe checks, named and defaulted as rl_zoo3's; rl_zoo3 parses all of them itself
+    parser = _OptionParser(add_help=False, allow_abbrev=False)
     parser.add_argument("--algo", default="ppo")
     parser.add_argument("--env", default="CartPole-v1")
     parser.add_argument("--gym-packages", nargs="+", default=[])
-    parser.add_argument("-conf", "--conf-file")
-    parser.add_argument("-f", "--log-folder", "--folder", dest="folder", default=default_folder)
-    parser.add_argument("-optimize", "--optimize-hyperparameters", dest="optimize", action="store_true")
+    parser.add_argument("--env-kwargs", nargs="+", action=_KeyValues)
+    if command == "train":
+        parser.add_argument("-f", "--log-folder", dest="folder", default="logs")
+        parser.add_argument("-conf", "--conf-file")
+        parser.add_argument("-params", "--hyperparams", nargs="+", action=_KeyValues)
+        parser.add_argument("--eval-env-kwargs", nargs="+", action=_KeyValues)
+        parser.add_argument("-i", "--trained-agent", default="")
+        parser.add_argument("-optimize", "--optimize-hyperparameters", dest="optimize", action="store_true")
+        parser.add_argument("--storage")
+        parser.add_argument("--study-name")
+        parser.add_argument("--trial-id", type=int)
+    else:
+        parser.add_argument("-f", "--folder", default="rl-trained-agents")
+        parser.add_argument("--exp-id", type=int, default=0)
+        parser.add_argument("--load-best", action="store_true")
+        parser.add_argument("--load-checkpoint", type=int)
+        parser.add_argument("--load-last-checkpoint", action="store_true")
     return parser.parse_known_args(list(zoo_args))[0]
 
 
-def _checked_options(zoo_args: Sequence[str], default_folder: str) -> argparse.Namespace:
+def _checked_options(command: str, zoo_args: Sequence[str]) -> argparse.Namespace:
     register()
-    options = _zoo_options(zoo_args, default_folder)
+    options = _zoo_options(command, zoo_args)
     # rl_zoo3 imports them only after checking the id; environments they register must pass our check too
     for module in options.gym_packages:
-        importlib.import_module(module)
+        try:
+            importlib.import_module(module)
+        except ImportError as error:
+            raise ZooUsageError(f"--gym-packages {module}: {_one_line(str(error))}") from error
     check_algo(options.algo)
     check_env(options.env)
     return options
 
 
+class _CheckedExperimentManager(ExperimentManager):
+    """
+    rl_zoo3's experiment manager, whose setup (reading the configuration, building the environments and the
+    model) reports a bad configuration as :class:`ZooUsageError`, before any training. Errors of training and
+    of the hyperparameter search stay as they are.
+    """
+
+    def setup_experiment(self) -> tuple[BaseAlgorithm, dict[str, Any]] | None:
+        new_run = not Path(self.save_path).exists()
+        try:
+            return super().setup_experiment()
+        except _SETUP_ERRORS as error:
+            if new_run:
+                # rl_zoo3 creates the run folder before the model: enjoy would take the empty one for the latest run
+                shutil.rmtree(self.save_path, ignore_errors=True)
+            if isinstance(error, ZooUsageError):
+                raise
+            raise ZooUsageError(explain_config_error(error, self.algo)) from error
+
+    def _preprocess_hyperparams(
+        self, hyperparams: dict[str, Any]
+    ) -> tuple[dict[str, Any], Callable | None, list[BaseCallback], Callable | None]:
+        if "n_timesteps" not in hyperparams:
+            # rl_zoo3 deletes the key, also with -n
+            raise ZooUsageError(f"the configuration for {self.env_name.gym_id} has no n_timesteps (rl_zoo3 needs it)")
+        processed = super()._preprocess_hyperparams(hyperparams)
+        check_hyperparam_types(self.algo, processed[0])
+        return processed
+
+
+def _raise_usage_error(parser: argparse.ArgumentParser, message: str) -> NoReturn:
+    raise ZooUsageError(message)
+
+
 @contextlib.contextmanager
-def _argv(prog: str, args: Sequence[str]) -> Iterator[None]:
-    # rl_zoo3's train() and enjoy() parse sys.argv
-    saved = sys.argv
+def _rl_zoo3_command(prog: str, args: Sequence[str]) -> Iterator[None]:
+    """Run rl_zoo3's ``train()`` or ``enjoy()`` as the command ``prog args``, with sb3-safe's checks."""
+    saved_argv, saved_error, saved_manager = sys.argv, argparse.ArgumentParser.error, rl_zoo3.train.ExperimentManager
+    # They parse sys.argv, with parsers whose errors would print the usage too: one line instead
     sys.argv = [prog, *args]
+    argparse.ArgumentParser.error = _raise_usage_error  # type: ignore[method-assign, assignment]
+    # train() looks the class up in its module when it runs
+    rl_zoo3.train.ExperimentManager = _CheckedExperimentManager  # type: ignore[misc]
     try:
         yield
     finally:
-        sys.argv = saved
+        sys.argv = saved_argv
+        argparse.ArgumentParser.error = saved_error  # type: ignore[method-assign]
+        rl_zoo3.train.ExperimentManager = saved_manager  # type: ignore[misc]
 
 
 def _run_folders(folder: str, algo: str, env_id: str) -> set[Path]:
@@ -282,21 +623,32 @@ def train(zoo_args: Sequence[str], report: bool = True) -> RunReport | None:
     """
     Run rl_zoo3's trainer (``python -m rl_zoo3.train``) with sb3-safe's algorithms registered.
 
-    Without ``--conf-file``, ``kl_ppo`` and ``safe_a2c`` use the packaged ``zoo_configs/<algo>.yml``.
+    Without ``--conf-file``, ``kl_ppo`` and ``safe_a2c`` use the packaged ``zoo_configs/<algo>.yml``. Bad input
+    fails before training: the options, the configuration file and its entry for the environment, the trial of
+    ``--trial-id``, the types of the hyperparameters, and whatever the callbacks, wrappers, environments and the
+    model reject when rl_zoo3 builds them.
 
     :param zoo_args: ``rl_zoo3.train``'s command-line arguments
     :param report: after a training run (not ``-optimize``), write a learning-curve PNG next to the saved
         model and evaluate the model for ``--eval-episodes`` episodes
     :return: the report, or None without one
-    :raises ZooUsageError: unknown algorithm or environment id, or a configuration key the algorithm rejects
+    :raises ZooUsageError: bad input, in one line
     """
-    options = _checked_options(zoo_args, default_folder="logs")
+    options = _checked_options("train", zoo_args)
     zoo_args = list(zoo_args)
     if options.conf_file is None and options.algo in ZOO_ALGOS:
-        zoo_args += ["--conf-file", str(config_path(options.algo))]
+        options.conf_file = str(config_path(options.algo))
+        zoo_args += ["--conf-file", options.conf_file]
+    # Without one, the stock algorithms read rl_zoo3's own files
+    if options.conf_file is not None:
+        check_config_file(options.conf_file, options.env)
+    if options.trained_agent:
+        check_trained_agent(options.trained_agent)
+    if options.trial_id is not None:
+        check_trial(options.storage, options.study_name, options.trial_id)
     runs_before = _run_folders(options.folder, options.algo, options.env)
-    with _argv("sb3-safe train", zoo_args), _explained_config_errors(options.algo):
-        zoo_train()
+    with _rl_zoo3_command("sb3-safe train", zoo_args), _explained_config_errors(options.algo):
+        rl_zoo3.train.train()
     if options.optimize or not report:
         return None
     env_name = EnvironmentName(options.env)
@@ -312,10 +664,13 @@ def enjoy(zoo_args: Sequence[str]) -> None:
     Run rl_zoo3's ``enjoy`` (``python -m rl_zoo3.enjoy``) with sb3-safe's algorithms registered.
 
     :param zoo_args: ``rl_zoo3.enjoy``'s command-line arguments
-    :raises ZooUsageError: unknown algorithm or environment id
+    :raises ZooUsageError: bad options, or no saved model where they point, in one line
     """
-    _checked_options(zoo_args, default_folder="rl-trained-agents")
-    with _argv("sb3-safe enjoy", zoo_args):
+    options = _checked_options("enjoy", zoo_args)
+    # rl_zoo3 downloads the models missing from its default folder from the Hugging Face hub
+    if "rl-trained-agents" not in options.folder:
+        _check_saved_run(options)
+    with _rl_zoo3_command("sb3-safe enjoy", zoo_args):
         zoo_enjoy()
 
 

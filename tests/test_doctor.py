@@ -1,4 +1,4 @@
-"""`sb3-safe doctor` on real saved models: healthy, corrupted, and files that are not models."""
+"""`sb3-safe doctor` on real saved models: healthy, corrupted, beyond the limits, and files that are not models."""
 
 import json
 import math
@@ -11,8 +11,9 @@ import pytest
 import torch as th
 from stable_baselines3 import PPO, SAC
 
+from sb3_safe import KLAdaptivePPO
 from sb3_safe.cli import main
-from sb3_safe.doctor import EXIT_HEALTHY, EXIT_UNHEALTHY, EXIT_UNREADABLE, diagnose
+from sb3_safe.doctor import EXIT_HEALTHY, EXIT_UNHEALTHY, EXIT_UNREADABLE, STOCK_LOG_STD_RANGE, WEIGHT_LIMIT, diagnose
 
 
 @pytest.fixture(scope="module")
@@ -56,6 +57,76 @@ def test_nan_weight_is_named(corrupted_zip: Path, capsys: pytest.CaptureFixture)
     assert "policy.mlp_extractor.policy_net.0.weight: 1 NaN, 0 inf of 48" in out
     # The corrupted tensor leads the largest-weights list
     assert diagnose(corrupted_zip).largest[0][0] == "policy.mlp_extractor.policy_net.0.weight"
+
+
+def test_freshly_saved_stock_model_is_healthy(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    PPO("MlpPolicy", "Pendulum-v1", seed=0).save(tmp_path / "fresh.zip")
+    assert main(["doctor", str(tmp_path / "fresh.zip")]) == EXIT_HEALTHY
+    out = capsys.readouterr().out
+    assert "Healthy: all" in out
+    assert "Limits: log-std in [-20, 5] (the range for stock policies), |weight| <= 1e+04" in out
+
+
+def test_huge_log_std_of_stock_policy_is_unhealthy(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    model = PPO("MlpPolicy", "Pendulum-v1", seed=0)
+    with th.no_grad():
+        model.policy.log_std.fill_(30.0)  # std 1e13: finite, so not NaN / inf
+    model.save(tmp_path / "wide.zip")
+    assert main(["doctor", str(tmp_path / "wide.zip")]) == EXIT_UNHEALTHY
+    out = capsys.readouterr().out
+    assert "UNHEALTHY: 1 policy tensor beyond the limits:" in out
+    ceiling = STOCK_LOG_STD_RANGE[1]
+    assert (
+        f"  policy.log_std: log-std 30 (std 1.069e+13) above {ceiling:g} (std {math.exp(ceiling):.4g}), the ceiling of " in out
+    )
+
+
+def test_log_std_outside_the_range_of_a_safe_policy_is_unhealthy(tmp_path: Path) -> None:
+    model = KLAdaptivePPO("MlpPolicy", "Pendulum-v1", policy_kwargs=dict(log_std_range=(-5.3, 1.0), net_arch=[8]))
+    with th.no_grad():
+        model.policy.log_std.fill_(-100.0)
+    # The policy's own clamp to its range, in float32: healthy, at the floor exactly
+    model.policy.project_log_std()
+    model.save(tmp_path / "floor.zip")
+    report = diagnose(tmp_path / "floor.zip")
+    assert report.healthy and report.log_std_limits == (-5.3, 1.0)
+    with th.no_grad():
+        model.policy.log_std.fill_(1.5)
+    model.save(tmp_path / "above.zip")
+    (beyond,) = diagnose(tmp_path / "above.zip").beyond_limits
+    assert (
+        str(beyond) == "policy.log_std: log-std 1.5 (std 4.482) above 1 (std 2.718), the ceiling of the policy's log_std_range"
+    )
+    # Without log_std_range in policy_kwargs: the safe policies' default, (-20, 2)
+    model = KLAdaptivePPO("MlpPolicy", "Pendulum-v1", policy_kwargs=dict(net_arch=[8]))
+    with th.no_grad():
+        model.policy.log_std.fill_(3.0)
+    model.save(tmp_path / "default.zip")
+    (beyond,) = diagnose(tmp_path / "default.zip").beyond_limits
+    assert beyond.limit == 2.0 and beyond.reason == "the ceiling of the default log_std_range of sb3-safe's policies"
+
+
+def test_huge_weight_is_unhealthy(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    model = PPO("MlpPolicy", "Pendulum-v1", policy_kwargs=dict(net_arch=[8]), seed=0)
+    with th.no_grad():
+        model.policy.value_net.weight[0, 3] = -2 * WEIGHT_LIMIT
+    model.save(tmp_path / "heavy.zip")
+    assert main(["doctor", "--json", str(tmp_path / "heavy.zip")]) == EXIT_UNHEALTHY
+    report = json.loads(capsys.readouterr().out)
+    assert report["healthy"] is False and report["nonfinite"] == []
+    (beyond,) = report["beyond_limits"]
+    assert beyond["name"] == "policy.value_net.weight" and beyond["value"] == 2 * WEIGHT_LIMIT
+    assert beyond["limit"] == WEIGHT_LIMIT and report["limits"]["weight"] == WEIGHT_LIMIT
+
+
+def test_directory_exits_2_and_names_its_models(healthy_zip: Path, capsys: pytest.CaptureFixture) -> None:
+    assert main(["doctor", str(healthy_zip.parent)]) == EXIT_UNREADABLE
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.startswith(
+        f"sb3-safe doctor: error: {healthy_zip.parent}: is a directory; pass the model's .zip (it holds "
+    )
+    assert "healthy.zip" in captured.err and captured.err.count("\n") == 1
 
 
 def test_inf_optimizer_state_and_variable_are_named(tmp_path: Path) -> None:
