@@ -11,8 +11,9 @@ from hypothesis.extra.numpy import arrays
 
 from sb3_safe import NonFiniteError
 from sb3_safe.common.distributions import (
-    PRESQUASH_LIMIT,
-    SQUASH_LIMIT,
+    INNER_LIMIT,
+    PRESQUASH_BOUND,
+    TANH_BOUND,
     BoundedDiagGaussianDistribution,
     SafeBernoulliDistribution,
     SafeCategoricalDistribution,
@@ -23,7 +24,7 @@ from sb3_safe.common.distributions import (
 )
 
 HUGE = float(np.float32(1e30))
-EXTREMES = [0.0, 1e-30, 1.0, 8.66, 9.0, 20.0, 1e4, 1e10, HUGE]
+EXTREMES = [0.0, 1e-30, 1.0, PRESQUASH_BOUND, 8.66, 9.0, 20.0, 1e4, 1e10, HUGE]
 # Network outputs: anything finite up to +-1e30, with the extremes drawn often
 network_output = st.one_of(
     st.sampled_from([sign * value for value in EXTREMES for sign in (1.0, -1.0)]),
@@ -84,7 +85,7 @@ def test_squashed_gaussian_finite_for_extreme_inputs(mean_values, log_std_values
     actions = dist.sample()
     assert bool((actions.abs() <= 1.0).all())
     # the sample, arbitrary actions, and actions exactly at and just inside the bounds
-    bounds = th.tensor([[1.0, -1.0, SQUASH_LIMIT], [-SQUASH_LIMIT, 0.0, 0.999]]).repeat(2, 1)
+    bounds = th.tensor([[1.0, -1.0, INNER_LIMIT], [-INNER_LIMIT, 0.0, 0.999]]).repeat(2, 1)
     evaluated = [actions, th.tensor(other_actions).reshape(BATCH, ACTION_DIM), bounds, dist.mode()]
     log_prob = th.cat([dist.log_prob(batch) for batch in evaluated])
     entropy = dist.entropy()
@@ -94,38 +95,38 @@ def test_squashed_gaussian_finite_for_extreme_inputs(mean_values, log_std_values
 
 @settings(max_examples=100, deadline=None)
 @given(
-    st.floats(-8.0, 8.0),
+    st.floats(-PRESQUASH_BOUND, PRESQUASH_BOUND),
     st.floats(-3.0, 3.0),
     st.floats(-3.0, 1.0),
 )
 def test_squashed_log_prob_is_the_exact_density_inside_the_limits(presquash, mean_value, log_std_value):
     """Inside the limits the log-prob is the change-of-variables density, computed here in float64."""
-    action = math.tanh(presquash)
+    float32_action = float(np.float32(math.tanh(presquash) / TANH_BOUND))
     mean, log_std = th.tensor([[mean_value]]), th.tensor([log_std_value])
     dist = SquashedBoundedGaussianDistribution(1).proba_distribution(mean, log_std)
-    float32_action = float(np.float32(action))
-    if abs(float32_action) >= SQUASH_LIMIT:
+    if abs(float32_action) >= 1.0:
         return  # rounds onto the limit: covered by the censored-mass test
-    rounded_presquash = math.atanh(float32_action)
+    rounded_presquash = math.atanh(float32_action * TANH_BOUND)
     std = math.exp(log_std_value)
     expected = (
         -0.5 * ((rounded_presquash - mean_value) / std) ** 2
         - log_std_value
         - 0.5 * math.log(2 * math.pi)
-        - math.log1p(-(float32_action**2))
+        - math.log1p(-((float32_action * TANH_BOUND) ** 2))
+        + math.log(TANH_BOUND)
     )
     actual = dist.log_prob(th.tensor([[float32_action]])).item()
     assert actual == pytest.approx(expected, abs=2e-3, rel=1e-4)
 
 
-@pytest.mark.parametrize("mean_value", [-30.0, -5.0, 0.0, 8.0, 8.66, 20.0, 1e6])
+@pytest.mark.parametrize("mean_value", [-30.0, -5.0, 0.0, 2.9, 3.0, 8.0, 8.66, 20.0, 1e6])
 @pytest.mark.parametrize("log_std_value", [-20.0, -2.0, 0.0, 2.0])
 def test_squashed_log_prob_at_the_limit_is_the_censored_mass(mean_value, log_std_value):
-    """At the float32 saturation limit, exp(log_prob) = P(u >= atanh(limit)), and raising the mean raises it."""
+    """At the limit action, exp(log_prob) = P(u >= PRESQUASH_BOUND), and raising the mean raises it."""
     mean = th.tensor([[mean_value]], requires_grad=True)
     dist = SquashedBoundedGaussianDistribution(1).proba_distribution(mean, th.tensor([log_std_value]))
     log_prob = dist.log_prob(th.tensor([[1.0]]))
-    z_score = (PRESQUASH_LIMIT - mean_value) / math.exp(log_std_value)
+    z_score = (PRESQUASH_BOUND - mean_value) / math.exp(log_std_value)
     expected = th.special.log_ndtr(th.tensor(-z_score, dtype=th.float64)).item()
     assert log_prob.item() == pytest.approx(expected, rel=1e-4, abs=1e-6)
     log_prob.sum().backward()

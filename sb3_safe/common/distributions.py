@@ -32,6 +32,7 @@ from torch.distributions import Bernoulli, Categorical, Normal
 from sb3_safe.common.numerics import check_finite
 
 SelfBoundedDiagGaussian = TypeVar("SelfBoundedDiagGaussian", bound="BoundedDiagGaussianDistribution")
+SelfBoundedSDE = TypeVar("SelfBoundedSDE", bound="BoundedStateDependentNoiseDistribution")
 SelfSafeCategorical = TypeVar("SelfSafeCategorical", bound="SafeCategoricalDistribution")
 SelfSafeMultiCategorical = TypeVar("SelfSafeMultiCategorical", bound="SafeMultiCategoricalDistribution")
 SelfSafeBernoulli = TypeVar("SelfSafeBernoulli", bound="SafeBernoulliDistribution")
@@ -49,12 +50,21 @@ Z_SCORE_LIMIT = 1e15
 #: |value - mean| above which a z-score is clamped; DIFFERENCE_LIMIT * Z_SCORE_LIMIT and
 #: DIFFERENCE_LIMIT * exp(LOG_STD_LIMIT) stay finite in float32
 DIFFERENCE_LIMIT = 1e20
-#: Largest float32 below 1: tanh rounds to exactly 1.0 for |u| > ~9, and atanh(1.0) is inf
-SQUASH_LIMIT = float(np.nextafter(np.float32(1.0), np.float32(0.0)))
-#: Pre-squash value of the squash limit, atanh(SQUASH_LIMIT) ~ 8.66 in float32
-PRESQUASH_LIMIT = float(np.arctanh(np.float32(SQUASH_LIMIT)))
+#: |u| at which the squashed Gaussian is clipped: pre-squash values beyond it give the limit actions +-1 exactly.
+#: Below it one float32 step of the action spans at most 6e-6 in u (0.11 at u = 8, where float32 tanh saturates),
+#: so the density at a stored action is the probability of that action for every std >= 1e-3
+#: (benchmarks/results/squash_bound.md measures 3, 4, 5 and 6).
+PRESQUASH_BOUND = 3.0
+#: float32 tanh(PRESQUASH_BOUND): squashed actions are tanh(u) / TANH_BOUND, so the limits are exactly +-1
+TANH_BOUND = float(np.float32(math.tanh(PRESQUASH_BOUND)))
+#: Largest float32 below 1: the largest |action| that is not a limit action
+INNER_LIMIT = float(np.nextafter(np.float32(1.0), np.float32(0.0)))
 
 _LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
+_LOG_TANH_BOUND = math.log(TANH_BOUND)
+#: gSDE noise variances (float64) outside these come from features that carry no usable noise
+_SMALLEST_VARIANCE = math.exp(-2 * LOG_STD_LIMIT)
+_LARGEST_VARIANCE = math.exp(2 * LOG_STD_LIMIT)
 _SQRT_HALF = math.sqrt(0.5)
 _NONFINITE_OUTPUT_HINT = (
     "The policy network produced it from finite inputs, so its weights are probably NaN/inf already "
@@ -183,27 +193,57 @@ def log_normal_cdf(z_score: th.Tensor) -> th.Tensor:
     return th.where(z_score < 0, left_tail, right_side)
 
 
+def squash(presquash: th.Tensor) -> th.Tensor:
+    """
+    Squashed actions ``tanh(u) / tanh(PRESQUASH_BOUND)`` in ``[-1, 1]``, with ``u`` clipped to ``+-PRESQUASH_BOUND``.
+
+    The limit actions ``+-1`` are taken exactly when ``|u| >= PRESQUASH_BOUND`` (values just below the bound that
+    float32 would round onto the limit are kept at ``INNER_LIMIT``), so their probability is exactly the censored
+    Gaussian mass that :func:`squashed_gaussian_log_prob` gives them.
+
+    :param presquash: Gaussian samples ``u``
+    """
+    inner = (th.tanh(presquash) / TANH_BOUND).clamp(-INNER_LIMIT, INNER_LIMIT)
+    limit = th.ones_like(presquash)
+    return th.where(presquash >= PRESQUASH_BOUND, limit, th.where(presquash <= -PRESQUASH_BOUND, -limit, inner))
+
+
 def squashed_gaussian_log_prob(actions: th.Tensor, mean: th.Tensor, log_std: th.Tensor) -> th.Tensor:
     """
-    Element-wise log-prob of squashed actions ``a = tanh(u)``, ``u ~ N(mean, exp(log_std))``, as a function of ``a``
-    alone (see :class:`SquashedBoundedGaussianDistribution`): the exact density inside ``+-SQUASH_LIMIT``, the
-    censored mass ``P(|u| >= atanh(SQUASH_LIMIT))`` on the limits (actions beyond them count as on them).
+    Element-wise log-prob of actions ``a = squash(u)``, ``u ~ N(mean, exp(log_std))`` (see :func:`squash`), as a
+    function of ``a`` alone: the exact density ``N(u) * tanh(PRESQUASH_BOUND) / (1 - tanh(u)^2)`` with
+    ``u = atanh(a * tanh(PRESQUASH_BOUND))`` strictly inside ``+-1``, and the censored mass
+    ``P(u >= PRESQUASH_BOUND)`` (resp. ``P(u <= -PRESQUASH_BOUND)``) at the limits (actions beyond count as on them).
 
     :param actions: squashed actions in ``[-1, 1]``
     :param mean: pre-squash Gaussian mean
     :param log_std: pre-squash Gaussian log standard deviation, inside ``[-40, 40]``
     """
-    squashed = actions.clamp(-SQUASH_LIMIT, SQUASH_LIMIT)
-    presquash = th.atanh(squashed)
-    log_density = gaussian_log_prob(presquash, mean, log_std) - log_tanh_jacobian(presquash)
-    # censored mass: log P(u >= u_max) = log Phi(-z(u_max)), log P(u <= -u_max) = log Phi(z(-u_max))
-    z_upper = standardize(th.full_like(mean, PRESQUASH_LIMIT), mean, log_std)
-    z_lower = standardize(th.full_like(mean, -PRESQUASH_LIMIT), mean, log_std)
+    presquash = th.atanh(actions.clamp(-INNER_LIMIT, INNER_LIMIT) * TANH_BOUND)
+    log_density = gaussian_log_prob(presquash, mean, log_std) - log_tanh_jacobian(presquash) + _LOG_TANH_BOUND
+    # censored mass: log P(u >= bound) = log Phi(-z(bound)), log P(u <= -bound) = log Phi(z(-bound))
+    z_upper = standardize(th.full_like(mean, PRESQUASH_BOUND), mean, log_std)
+    z_lower = standardize(th.full_like(mean, -PRESQUASH_BOUND), mean, log_std)
     return th.where(
-        squashed >= SQUASH_LIMIT,
+        actions >= 1.0,
         log_normal_cdf(-z_upper),
-        th.where(squashed <= -SQUASH_LIMIT, log_normal_cdf(z_lower), log_density),
+        th.where(actions <= -1.0, log_normal_cdf(z_lower), log_density),
     )
+
+
+def squashed_gaussian_entropy(normal: Normal) -> th.Tensor:
+    """
+    Element-wise single-sample estimate of the differential entropy of ``tanh(u) / tanh(PRESQUASH_BOUND)`` for
+    ``u ~ normal`` (the squashed Gaussian before clipping at the limits): the Gaussian entropy plus
+    ``log(1 - tanh(u)^2) - log(tanh(PRESQUASH_BOUND))`` at a fresh reparameterized ``u``.
+
+    There is no closed form. The estimate is unbiased, and so is its gradient: ``-2 E[tanh(u)]`` for the mean,
+    which pulls a saturated mean back when an entropy bonus is used (the entropy of the clipped distribution,
+    nearly all of it on a limit action, would not). It differs from ``-E[log_prob]`` by the share of the limits.
+
+    :param normal: the pre-squash Gaussian
+    """
+    return normal.entropy() + log_tanh_jacobian(normal.rsample()) - _LOG_TANH_BOUND
 
 
 class BoundedDiagGaussianDistribution(DiagGaussianDistribution):
@@ -246,18 +286,19 @@ class SquashedBoundedGaussianDistribution(BoundedDiagGaussianDistribution):
     """
     Tanh-squashed Gaussian with bounded std, for on-policy algorithms (PPO, A2C, TRPO) without gSDE.
 
-    Actions ``a = tanh(u)`` lie in ``[-SQUASH_LIMIT, SQUASH_LIMIT]`` (the policy rescales them to the Box
-    bounds). The log-prob is a function of ``a`` alone, so the value computed when acting equals the one
-    recomputed from the squashed action that SB3's rollout buffer stores (PPO's first ratio is 1):
+    Actions ``a = tanh(u) / tanh(PRESQUASH_BOUND)`` with ``u`` clipped to ``+-PRESQUASH_BOUND`` (:func:`squash`) lie in
+    ``[-1, 1]`` (the policy rescales them to the Box bounds). The limit actions ``+-1`` carry the censored mass
+    ``P(|u| >= PRESQUASH_BOUND)``, as in clipped-action policy gradients (Fujita & Maeda, 2018); inside, the density
+    is the change-of-variables density with a stable Jacobian. The log-prob is a function of ``a`` alone
+    (:func:`squashed_gaussian_log_prob`), so the value computed when acting equals the one recomputed from the
+    squashed action that SB3's rollout buffer stores (PPO's first ratio is 1), and it is the probability of the
+    stored float32 action: the bound sits where float32 actions still resolve ``u`` finely (float32 tanh rounds
+    onto 1 from ``u ~ 8.5``, past which a density at the stored action means nothing).
 
-    - inside the limits: the exact density ``N(atanh(a); mean, std) / (1 - a^2)``, with a stable Jacobian;
-    - at the limits (tanh saturated in float32, where ``atanh`` cannot recover ``u``): the probability mass
-      ``P(u >= atanh(SQUASH_LIMIT))`` (resp. ``<=``) of the censored Gaussian, as in clipped-action policy
-      gradients (Fujita & Maeda, 2018). Finite, and its gradient moves the mean the right way.
-
-    Both branches are finite, with finite gradients, for every finite mean and any log-std parameter; actions
-    outside the limits (e.g. exactly +-1) are treated as on the limits.
-    KL divergences are those of the pre-squash Gaussians (KL is invariant under the bijection).
+    Log-probs are finite, with finite gradients, for every finite mean and any log-std parameter; actions beyond
+    the limits count as on them. :meth:`entropy` estimates the entropy of the squashed Gaussian before clipping
+    (:func:`squashed_gaussian_entropy`). KL divergences are those of the pre-squash Gaussians: exact while the
+    limits carry no mass, an upper bound otherwise (clipping can only lose information).
 
     :param action_dim: dimension of the action space
     :param log_std_range: ``(lo, hi)`` bounds of the log standard deviation
@@ -267,47 +308,91 @@ class SquashedBoundedGaussianDistribution(BoundedDiagGaussianDistribution):
         return sum_independent_dims(squashed_gaussian_log_prob(actions, self.distribution.mean, self.bounded_log_std))
 
     def entropy(self) -> th.Tensor:
-        """
-        Single-sample estimate of the squashed distribution's entropy: the Gaussian entropy plus
-        ``E[log(1 - tanh(u)^2)]`` at a fresh reparameterized sample (there is no closed form).
-        """
-        presquash = th.atanh(th.tanh(self.distribution.rsample()).clamp(-SQUASH_LIMIT, SQUASH_LIMIT))
-        return sum_independent_dims(self.distribution.entropy() + log_tanh_jacobian(presquash))
+        return sum_independent_dims(squashed_gaussian_entropy(self.distribution))
 
     def sample(self) -> th.Tensor:
-        return th.tanh(self.distribution.rsample()).clamp(-SQUASH_LIMIT, SQUASH_LIMIT)
+        return squash(self.distribution.rsample())
 
     def mode(self) -> th.Tensor:
-        return th.tanh(self.distribution.mean).clamp(-SQUASH_LIMIT, SQUASH_LIMIT)
+        return squash(self.distribution.mean)
 
 
 class BoundedStateDependentNoiseDistribution(StateDependentNoiseDistribution):
     """
-    gSDE distribution whose exploration std is computed from a log-std clamped to ``log_std_range``, and whose
-    log-probs use the finite Gaussian density and, with ``squash_output``, the squashed log-prob of
-    :func:`squashed_gaussian_log_prob` (SB3's ``atanh`` of a clipped action disagrees with the sampled one
-    once tanh saturates).
+    gSDE distribution (SB3's ``StateDependentNoiseDistribution``) whose per-dimension action std is always inside
+    ``[exp(lo), exp(hi)]``.
+
+    The action noise is the latent features times the exploration matrix, as in SB3, with the std that gives,
+    ``sqrt(latent^2 @ sigma^2)``; where that std leaves the range the noise is rescaled to the bounded std, so
+    the sampler and :meth:`log_prob` agree for every std (SB3 adds 1e-6 to the variance in the log-prob only).
+    Where the features give no noise at all (all zero, or overflowing), fresh Gaussian noise of the bounded std is
+    used. The exploration matrix's own log-std parameter is clamped to the same range (with ``use_expln`` as SB3).
+    With ``squash_output`` actions are squashed as in :class:`SquashedBoundedGaussianDistribution`, with the same
+    log-prob and entropy estimate. A non-finite mean or latent raises :class:`~sb3_safe.common.numerics.NonFiniteError`.
 
     :param action_dim: dimension of the action space
-    :param log_std_range: ``(lo, hi)`` bounds of the log standard deviation
+    :param log_std_range: ``(lo, hi)`` bounds of the per-dimension action log standard deviation
     :param kwargs: SB3's gSDE options (``full_std``, ``use_expln``, ``squash_output``, ...)
     """
 
     def __init__(self, action_dim: int, log_std_range: tuple[float, float] = DEFAULT_LOG_STD_RANGE, **kwargs: Any):
         super().__init__(action_dim, **kwargs)
         self.log_std_range = validate_log_std_range(log_std_range)
+        self.bounded_log_std: th.Tensor
+        self._noise_scale: th.Tensor
+        self._fresh_noise: th.Tensor
 
     def get_std(self, log_std: th.Tensor) -> th.Tensor:
         check_finite("policy log_std", log_std, _NONFINITE_OUTPUT_HINT)
         return super().get_std(log_std.clamp(*self.log_std_range))
 
+    def proba_distribution(
+        self: SelfBoundedSDE, mean_actions: th.Tensor, log_std: th.Tensor, latent_sde: th.Tensor
+    ) -> SelfBoundedSDE:
+        """
+        Create the distribution given its parameters.
+
+        :param mean_actions: network output, the Gaussian mean
+        :param log_std: log-std parameter of the exploration matrix, clamped to ``log_std_range``
+        :param latent_sde: the latent features the noise is computed from
+        :raises NonFiniteError: if the mean, the latent features or the log-std holds NaN or inf
+        """
+        check_finite("policy output mean", mean_actions, _NONFINITE_OUTPUT_HINT)
+        check_finite("policy gSDE features", latent_sde, _NONFINITE_OUTPUT_HINT)
+        self._latent_sde = latent_sde if self.learn_features else latent_sde.detach()
+        # float64: the gradient of log(variance) passes through 1 / variance, which overflows float32 for tiny stds
+        variance = th.mm(self._latent_sde.double() ** 2, self.get_std(log_std.double()) ** 2)
+        # where the features give no usable noise (zero, underflowing or overflowing variance), fresh noise is drawn
+        self._fresh_noise = ~((variance >= _SMALLEST_VARIANCE) & (variance <= _LARGEST_VARIANCE))
+        noise_log_std = (0.5 * th.log(variance.clamp(_SMALLEST_VARIANCE, _LARGEST_VARIANCE))).to(mean_actions.dtype)
+        self.bounded_log_std = noise_log_std.clamp(*self.log_std_range)
+        with th.no_grad():
+            self._noise_scale = th.exp(self.bounded_log_std - noise_log_std)
+        self.distribution = Normal(mean_actions, self.bounded_log_std.exp(), validate_args=False)
+        return self
+
     def log_prob(self, actions: th.Tensor) -> th.Tensor:
         mean = self.distribution.mean
-        # the std mixes the exploration matrix with the latent features: bound it to what standardize supports
-        log_std = self.distribution.stddev.log().clamp(-LOG_STD_LIMIT, LOG_STD_LIMIT)
         if self.bijector is not None:
-            return sum_independent_dims(squashed_gaussian_log_prob(actions, mean, log_std))
-        return sum_independent_dims(gaussian_log_prob(actions, mean, log_std))
+            return sum_independent_dims(squashed_gaussian_log_prob(actions, mean, self.bounded_log_std))
+        return sum_independent_dims(gaussian_log_prob(actions, mean, self.bounded_log_std))
+
+    def entropy(self) -> th.Tensor:
+        if self.bijector is not None:
+            return sum_independent_dims(squashed_gaussian_entropy(self.distribution))
+        return sum_independent_dims(self.distribution.entropy())
+
+    def sample(self) -> th.Tensor:
+        noise = self.get_noise(self._latent_sde) * self._noise_scale
+        fresh = self._fresh_noise | ~th.isfinite(noise)
+        if bool(fresh.any()):
+            noise = th.where(fresh, th.randn_like(noise) * self.distribution.stddev, noise)
+        actions = self.distribution.mean + noise
+        return squash(actions) if self.bijector is not None else actions
+
+    def mode(self) -> th.Tensor:
+        mean = self.distribution.mean
+        return squash(mean) if self.bijector is not None else mean
 
 
 class SafeCategoricalDistribution(CategoricalDistribution):

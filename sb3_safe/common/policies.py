@@ -6,9 +6,10 @@ from typing import Any
 import numpy as np
 import torch as th
 from gymnasium import spaces
+from stable_baselines3.common.distributions import Distribution
 from stable_baselines3.common.policies import ActorCriticCnnPolicy, ActorCriticPolicy, MultiInputActorCriticPolicy
 from stable_baselines3.common.torch_layers import CombinedExtractor, NatureCNN
-from stable_baselines3.common.type_aliases import Schedule
+from stable_baselines3.common.type_aliases import PyTorchObs, Schedule
 
 from sb3_safe.common.distributions import (
     DEFAULT_LOG_STD_RANGE,
@@ -25,9 +26,9 @@ class SafeActorCriticPolicy(ActorCriticPolicy):
 
     Accepts every ``ActorCriticPolicy`` keyword, plus:
 
-    :param log_std_range: ``(lo, hi)``, Box actions: the std used is always in ``[exp(lo), exp(hi)]``, and the
-        log-std parameter is projected back into the range after each optimizer step (no dead zone).
-        Allowed: ``-40 <= lo < hi <= 40``.
+    :param log_std_range: ``(lo, hi)``, Box actions: the std of every action dimension is always in
+        ``[exp(lo), exp(hi)]`` (with gSDE too), and the log-std parameter is projected back into the range after every
+        parameter update (:meth:`project_log_std`: no dead zone). Allowed: ``-40 <= lo < hi <= 40``.
     :param logit_bound: Discrete, MultiDiscrete and MultiBinary actions: logits are mapped smoothly into
         ``(-logit_bound, logit_bound)``, so every action keeps a known minimum probability
         (see :func:`sb3_safe.common.distributions.min_action_probability`). ``None`` keeps SB3's raw logits.
@@ -79,13 +80,44 @@ class SafeActorCriticPolicy(ActorCriticPolicy):
             dist_kwargs=self.dist_kwargs,
         )
         super()._build(lr_schedule)
-        if isinstance(getattr(self, "log_std", None), th.nn.Parameter):
-            self.optimizer.register_step_post_hook(self._project_log_std)
 
-    def _project_log_std(self, optimizer: th.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        """Keep the log-std parameter inside ``log_std_range``, where its gradient is never zeroed by the clamp."""
-        with th.no_grad():
-            self.log_std.clamp_(*self.log_std_range)
+    @property
+    def optimizer(self) -> th.optim.Optimizer:
+        """
+        The policy's optimizer. Any optimizer assigned here (SB3 builds one in ``_build``, sb3-contrib's recurrent
+        policy and user code may replace it) projects the log-std parameter after each of its steps.
+        """
+        return self._optimizer
+
+    @optimizer.setter
+    def optimizer(self, optimizer: th.optim.Optimizer) -> None:
+        self._optimizer = optimizer
+        if isinstance(getattr(self, "log_std", None), th.nn.Parameter):
+            optimizer.register_step_post_hook(self._project_after_step)
+
+    def project_log_std(self) -> None:
+        """
+        Clamp the log-std parameter into ``log_std_range``, where the clamp in the distribution passes its gradient
+        (outside, it would be a dead zone with zero gradient).
+
+        Runs after every step of :attr:`optimizer`, before each distribution :meth:`get_distribution` builds (sb3-contrib
+        TRPO's line search sets the parameters and then calls it), and at each :meth:`set_training_mode` (the start
+        of every rollout and update phase, whatever changed the parameters in between).
+        """
+        if isinstance(getattr(self, "log_std", None), th.nn.Parameter):
+            with th.no_grad():
+                self.log_std.clamp_(*self.log_std_range)
+
+    def _project_after_step(self, optimizer: th.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        self.project_log_std()
+
+    def get_distribution(self, obs: PyTorchObs) -> Distribution:
+        self.project_log_std()
+        return super().get_distribution(obs)
+
+    def set_training_mode(self, mode: bool) -> None:
+        self.project_log_std()
+        super().set_training_mode(mode)
 
     def _get_constructor_parameters(self) -> dict[str, Any]:
         data = super()._get_constructor_parameters()
