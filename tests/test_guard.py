@@ -117,8 +117,8 @@ def first_weight_nan(model: BaseAlgorithm) -> Callable[[], None]:
     return corrupt
 
 
-def small_ppo(env: Any = "CartPole-v1", **kwargs: Any) -> PPO:
-    return PPO("MlpPolicy", env, n_steps=32, batch_size=32, n_epochs=2, seed=0, device="cpu", policy_kwargs=tiny(), **kwargs)
+def small_ppo(env: Any = "CartPole-v1", device: str = "cpu", **kwargs: Any) -> PPO:
+    return PPO("MlpPolicy", env, n_steps=32, batch_size=32, n_epochs=2, seed=0, device=device, policy_kwargs=tiny(), **kwargs)
 
 
 # ----- configuration -----
@@ -190,8 +190,8 @@ def test_guard_is_silent_and_changes_nothing_on_healthy_runs(algo: type[BaseAlgo
 # ----- NaN in a weight, produced by an update -----
 
 
-def test_raise_names_the_weight_the_timestep_and_the_phase() -> None:
-    model = small_ppo()
+def test_raise_names_the_weight_the_timestep_and_the_phase(device: str) -> None:
+    model = small_ppo(device=device)
     injector = CorruptAfterOptimizerStep(model, model.policy.optimizer, {3}, first_weight_nan(model))
     with pytest.raises(NonFiniteError) as error:
         model.learn(256, callback=NonFiniteGuardCallback())
@@ -220,8 +220,8 @@ def test_a_weight_given_new_storage_mid_training_is_still_watched() -> None:
     assert "policy.mlp_extractor.policy_net.0.weight: 1 NaN" in str(error.value)
 
 
-def test_stop_saves_a_loadable_healthy_model(tmp_path: Any) -> None:
-    model = small_ppo()
+def test_stop_saves_a_loadable_healthy_model(tmp_path: Any, device: str) -> None:
+    model = small_ppo(device=device)
     CorruptAfterOptimizerStep(model, model.policy.optimizer, {3}, first_weight_nan(model))
     guard = NonFiniteGuardCallback(on_nonfinite="stop", save_path=str(tmp_path / "healthy.zip"))
     model.learn(256, callback=guard)  # ends cleanly
@@ -229,14 +229,14 @@ def test_stop_saves_a_loadable_healthy_model(tmp_path: Any) -> None:
     assert model.num_timesteps < 256
     assert guard.stop_reason is not None and "policy.mlp_extractor.policy_net.0.weight" in guard.stop_reason
     assert "saved to" in guard.stop_reason
-    loaded = PPO.load(tmp_path / "healthy.zip", device="cpu")
+    loaded = PPO.load(tmp_path / "healthy.zip", device=device)
     assert all_finite(loaded) and all_finite(model)
     for expected, actual in zip(model.policy.state_dict().values(), loaded.policy.state_dict().values(), strict=True):
         assert th.equal(expected, actual)
 
 
 @pytest.mark.parametrize("algo", [PPO, A2C, SAC, DQN, RecurrentPPO, KLAdaptivePPO, SafeA2C])
-def test_rollback_recovers_and_lowers_the_learning_rate(algo: type[BaseAlgorithm]) -> None:
+def test_rollback_recovers_and_lowers_the_learning_rate(algo: type[BaseAlgorithm], device: str) -> None:
     if algo in (PPO, A2C, RecurrentPPO, KLAdaptivePPO, SafeA2C):
         kwargs: dict = dict(n_steps=32, policy_kwargs=tiny())
         if algo not in (A2C, SafeA2C):
@@ -247,7 +247,7 @@ def test_rollback_recovers_and_lowers_the_learning_rate(algo: type[BaseAlgorithm
         kwargs = dict(learning_starts=32, batch_size=16, buffer_size=500, policy_kwargs=tiny())
     policy = "MlpLstmPolicy" if algo is RecurrentPPO else "MlpPolicy"
     env_id = "Pendulum-v1" if algo is SAC else "CartPole-v1"
-    model = algo(policy, env_id, seed=0, device="cpu", learning_rate=1e-3, **kwargs)
+    model = algo(policy, env_id, seed=0, device=device, learning_rate=1e-3, **kwargs)
     optimizer = model.critic.optimizer if algo is SAC else model.policy.optimizer
     weight = next(p for p in optimizer.param_groups[0]["params"] if p.dim() == 2)
 
@@ -295,8 +295,8 @@ def test_rollback_gives_way_to_stop_after_max_rollbacks() -> None:
     assert model.num_timesteps < 512 and all_finite(model)
 
 
-def test_check_gradients_names_the_gradient_and_skips_the_step() -> None:
-    model = small_ppo()
+def test_check_gradients_names_the_gradient_and_skips_the_step(device: str) -> None:
+    model = small_ppo(device=device)
     weight = model.policy.action_net.weight
     backward_calls = [0]
 
@@ -339,8 +339,8 @@ def _corrupt_adam(optimizer_of: Callable[[BaseAlgorithm], th.optim.Optimizer], k
     return corrupt
 
 
-def test_inf_adam_moment_is_named() -> None:
-    model = small_ppo()
+def test_inf_adam_moment_is_named(device: str) -> None:
+    model = small_ppo(device=device)
     # Adam has state after the first train() (timestep 32); an inf second moment freezes the weight rather than
     # corrupting it, so the full check after the next train() (timestep 64) is what finds it
     injector = CorruptAtTimestep(40, _corrupt_adam(lambda m: m.policy.optimizer, "exp_avg_sq"))
@@ -493,3 +493,42 @@ def test_step_check_works_without_an_actions_local() -> None:
     guard.update_locals({"new_obs": np.full((1, 4), np.nan, np.float32), "rewards": np.zeros(1, np.float32)})
     with pytest.raises(NonFiniteError, match="observation of env 0: 4 NaN"):
         guard.on_step()
+
+
+def test_rollback_restores_kl_beta_adapted_by_the_failed_update() -> None:
+    model = KLAdaptivePPO("MlpPolicy", "CartPole-v1", n_steps=32, batch_size=32, n_epochs=2, seed=0, device="cpu")
+    train = model.train
+    beta_before, beta_after = [], []
+
+    def failing_second_update() -> None:
+        beta_before.append(model.kl_beta)
+        train()
+        beta_after.append(model.kl_beta)
+        if len(beta_after) == 2:  # adapted to a diverged KL, with a diverged weight
+            model.kl_beta = 77.0
+            with th.no_grad():
+                model.policy.action_net.weight[0, 0] = math.nan
+
+    model.train = failing_second_update
+    guard = NonFiniteGuardCallback(on_nonfinite="rollback")
+    model.learn(32 * 4, callback=guard)
+
+    assert guard.n_rollbacks == 1 and len(beta_before) == 4
+    # the third update starts from the beta of the last healthy state, the first update's
+    assert beta_before[2] == beta_after[0] != 77.0
+
+
+def test_resumed_run_keeps_the_rollback_budget_and_count(tmp_path: Any) -> None:
+    model = small_ppo()
+    CorruptAfterOptimizerStep(model, model.policy.optimizer, {3}, first_weight_nan(model))
+    model.learn(128, callback=NonFiniteGuardCallback(on_nonfinite="rollback", max_rollbacks=1))
+    model.save(tmp_path / "model.zip")
+
+    loaded = PPO.load(tmp_path / "model.zip", env=model.get_env(), device="cpu")
+    assert loaded.nonfinite_guard_rollbacks == 1
+    CorruptAfterOptimizerStep(loaded, loaded.policy.optimizer, {3}, first_weight_nan(loaded))
+    guard = NonFiniteGuardCallback(on_nonfinite="rollback", max_rollbacks=1)
+    loaded.learn(128, callback=guard, reset_num_timesteps=False)
+
+    assert guard.n_rollbacks == 1 and [event.action for event in guard.events] == ["stop"]
+    assert guard.stop_reason is not None and "max_rollbacks=1" in guard.stop_reason

@@ -5,6 +5,7 @@ import math
 import numpy as np
 import pytest
 import torch as th
+from conftest import DEVICES
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
@@ -41,20 +42,21 @@ def test_array_check_skips_integers_and_tests_complex() -> None:
         assert check(np.ones(3, np.float32)) and not check(np.array([1.0, math.inf], np.float32))
 
 
-def named_tensors() -> list[tuple[str, th.Tensor]]:
+def named_tensors(device: str = "cpu") -> list[tuple[str, th.Tensor]]:
     return [
-        ("weight", th.randn(4, 3)),
-        ("bias", th.randn(4)),
-        ("step", th.tensor(7, dtype=th.int64)),
-        ("scalar", th.tensor(0.5, dtype=th.float64)),
-        ("empty", th.empty(0)),
+        ("weight", th.randn(4, 3, device=device)),
+        ("bias", th.randn(4, device=device)),
+        ("step", th.tensor(7, dtype=th.int64, device=device)),
+        ("scalar", th.tensor(0.5, dtype=th.float64, device=device)),
+        ("empty", th.empty(0, device=device)),
     ]
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @settings(max_examples=100, deadline=None)
 @given(index=st.sampled_from([0, 1, 3]), position=st.integers(0, 11), bad=EXTREMES.filter(lambda x: not math.isfinite(x)))
-def test_flat_copy_detects_any_bad_element_and_names_it(index: int, position: int, bad: float) -> None:
-    named = named_tensors()
+def test_flat_copy_detects_any_bad_element_and_names_it(device: str, index: int, position: int, bad: float) -> None:
+    named = named_tensors(device)
     copy = FlatCopy(named)
     assert copy.update()
     tensor = named[index][1]
@@ -66,8 +68,8 @@ def test_flat_copy_detects_any_bad_element_and_names_it(index: int, position: in
     assert (found[0].n_nan, found[0].n_inf) == ((1, 0) if math.isnan(bad) else (0, 1))
 
 
-def test_flat_copy_restores_every_tensor_including_integer_ones() -> None:
-    named = named_tensors()
+def test_flat_copy_restores_every_tensor_including_integer_ones(device: str) -> None:
+    named = named_tensors(device)
     copy = FlatCopy(named)
     saved = [tensor.clone() for _, tensor in named]
     assert copy.update()
@@ -78,18 +80,18 @@ def test_flat_copy_restores_every_tensor_including_integer_ones() -> None:
         assert th.equal(tensor, before)
 
 
-def test_flat_copy_follows_a_tensor_given_new_storage() -> None:
-    param = th.nn.Parameter(th.ones(5))
+def test_flat_copy_follows_a_tensor_given_new_storage(device: str) -> None:
+    param = th.nn.Parameter(th.ones(5, device=device))
     copy = FlatCopy([("param", param)])
     assert copy.update()
-    param.data = th.ones(5)  # new storage: the old alias would still read ones
+    param.data = th.ones(5, device=device)  # new storage: the old alias would still read ones
     param.data[2] = math.nan
     assert not copy.update()
     assert copy.find_nonfinite()[0].n_nan == 1
 
 
-def test_flat_copy_of_non_contiguous_tensors() -> None:
-    base = th.randn(4, 6)
+def test_flat_copy_of_non_contiguous_tensors(device: str) -> None:
+    base = th.randn(4, 6, device=device)
     transposed = base.t()
     copy = FlatCopy([("transposed", transposed)])
     assert copy.update() and th.equal(copy.get("transposed"), transposed)
@@ -99,14 +101,14 @@ def test_flat_copy_of_non_contiguous_tensors() -> None:
 
 
 @pytest.mark.parametrize("with_missing_grad", [False, True])
-def test_gradient_norm_equals_torch_total_norm(with_missing_grad: bool) -> None:
+def test_gradient_norm_equals_torch_total_norm(with_missing_grad: bool, device: str) -> None:
     th.manual_seed(0)
-    net = th.nn.Sequential(th.nn.Linear(3, 8), th.nn.Tanh(), th.nn.Linear(8, 2))
-    extra = th.nn.Parameter(th.ones(4))
+    net = th.nn.Sequential(th.nn.Linear(3, 8), th.nn.Tanh(), th.nn.Linear(8, 2)).to(device)
+    extra = th.nn.Parameter(th.ones(4, device=device))
     params = [*net.parameters(), extra]
     norm = GradientNorm(params)
     assert norm() is None
-    loss = net(th.randn(16, 3)).square().sum() + (0.0 if with_missing_grad else extra.sum() * 1e3)
+    loss = net(th.randn(16, 3, device=device)).square().sum() + (0.0 if with_missing_grad else extra.sum() * 1e3)
     loss.backward()
     expected = th.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None]).item()
     assert norm() == pytest.approx(expected, rel=1e-5)
@@ -118,32 +120,33 @@ def test_find_nonfinite_counts_and_skips_integer_data() -> None:
     assert [str(entry) for entry in found] == ["array: 1 NaN, 2 inf of 4", "tensor: 1 NaN, 0 inf of 2"]
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @settings(max_examples=200, deadline=None)
 @given(
     st.lists(st.one_of(float_arrays(np.float32), float_arrays(np.float64)), min_size=1, max_size=4),
     st.booleans(),
 )
-def test_tensor_check_agrees_with_isfinite(arrays: list[np.ndarray], contiguous: bool) -> None:
+def test_tensor_check_agrees_with_isfinite(device: str, arrays: list[np.ndarray], contiguous: bool) -> None:
     # Values up to the float maximum: their squares overflow, which must not count as non-finite
-    tensors = [th.from_numpy(np.array(array, ndmin=1)) for array in arrays]
+    tensors = [th.from_numpy(np.array(array, ndmin=1)).to(device) for array in arrays]
     if not contiguous:  # the torch path (as on a GPU)
         tensors = [th.stack([t, t], dim=-1)[..., 0] for t in tensors]
     check = TensorFiniteCheck(tensors)
     assert check() is all(bool(th.isfinite(t).all()) for t in tensors)
 
 
-def test_tensor_check_follows_a_tensor_given_new_storage() -> None:
-    param = th.nn.Parameter(th.ones(5))
-    check = TensorFiniteCheck([param, th.arange(3)])
+def test_tensor_check_follows_a_tensor_given_new_storage(device: str) -> None:
+    param = th.nn.Parameter(th.ones(5, device=device))
+    check = TensorFiniteCheck([param, th.arange(3, device=device)])
     assert check()
-    param.data = th.ones(5)
+    param.data = th.ones(5, device=device)
     param.data[2] = math.inf
     assert not check()
 
 
-def test_tensor_check_of_mixed_dtypes_on_the_torch_path() -> None:
-    transposed = th.randn(3, 4).t()  # not contiguous: the torch path
-    check = TensorFiniteCheck([transposed, th.ones(2, dtype=th.float64)])
+def test_tensor_check_of_mixed_dtypes_on_the_torch_path(device: str) -> None:
+    transposed = th.randn(3, 4, device=device).t()  # not contiguous: the torch path
+    check = TensorFiniteCheck([transposed, th.ones(2, dtype=th.float64, device=device)])
     assert check()
     transposed[1, 1] = math.nan
     assert not check()

@@ -51,14 +51,14 @@ def parameters_finite(model) -> bool:
     return all(bool(th.isfinite(parameter).all()) for parameter in model.policy.parameters())
 
 
-def learn_save_load_predict(algo_name, policy, env, tmp_path, **policy_kwargs):
+def learn_save_load_predict(algo_name, policy, env, tmp_path, device="cpu", **policy_kwargs):
     algo = ALGOS[algo_name]
-    model = algo(policy, env, seed=0, policy_kwargs=policy_kwargs, **SMALL[algo_name])
+    model = algo(policy, env, seed=0, device=device, policy_kwargs=policy_kwargs, **SMALL[algo_name])
     model.learn(256)
     assert parameters_finite(model)
     path = tmp_path / f"{algo_name}.zip"
     model.save(path)
-    loaded = algo.load(path)
+    loaded = algo.load(path, device=device)
     assert type(loaded.policy) is type(model.policy)
     observations = (
         np.stack([model.observation_space.sample() for _ in range(5)])
@@ -74,17 +74,17 @@ def learn_save_load_predict(algo_name, policy, env, tmp_path, **policy_kwargs):
 
 @pytest.mark.parametrize("algo_name", ALGOS)
 @pytest.mark.parametrize("space", ENVS)
-def test_mlp_policy_learns_saves_loads_predicts(algo_name, space, tmp_path):
-    model, loaded = learn_save_load_predict(algo_name, SafeMlpPolicy, ENVS[space](), tmp_path)
+def test_mlp_policy_learns_saves_loads_predicts(algo_name, space, tmp_path, device):
+    model, loaded = learn_save_load_predict(algo_name, SafeMlpPolicy, ENVS[space](), tmp_path, device)
     assert isinstance(model.policy.action_dist, EXPECTED_DISTRIBUTION[space])
     assert isinstance(loaded.policy.action_dist, EXPECTED_DISTRIBUTION[space])
 
 
 @pytest.mark.parametrize("algo_name", ALGOS)
-def test_squashed_policy_learns_saves_loads_predicts(algo_name, tmp_path):
+def test_squashed_policy_learns_saves_loads_predicts(algo_name, tmp_path, device):
     env = IdentityEnvBox(low=-2.0, high=3.0, ep_length=20)
     model, loaded = learn_save_load_predict(
-        algo_name, SafeMlpPolicy, env, tmp_path, squash_output=True, log_std_range=(-5.0, 1.0)
+        algo_name, SafeMlpPolicy, env, tmp_path, device, squash_output=True, log_std_range=(-5.0, 1.0)
     )
     for policy in (model.policy, loaded.policy):
         assert isinstance(policy.action_dist, SquashedBoundedGaussianDistribution)
@@ -138,9 +138,9 @@ def test_log_std_parameter_holding_extremes_gives_std_in_range():
         assert np.exp(-3.0) * (1 - 1e-6) <= std.min().item() <= std.max().item() <= np.exp(0.5) * (1 + 1e-6)
 
 
-def test_log_std_parameter_is_projected_back_into_range_by_training():
+def test_log_std_parameter_is_projected_back_into_range_by_training(device):
     """A huge learning rate pushes the log-std against its bounds; the parameter never leaves them."""
-    model = A2C(SafeMlpPolicy, "Pendulum-v1", learning_rate=3.0, n_steps=5, seed=0)
+    model = A2C(SafeMlpPolicy, "Pendulum-v1", learning_rate=3.0, n_steps=5, seed=0, device=device)
     model.learn(500)
     low, high = model.policy.log_std_range
     log_std = model.policy.log_std.detach()
@@ -215,8 +215,8 @@ def test_squashed_log_prob_from_stored_action_matches_forward_when_saturated(alg
     assert parameters_finite(model)
 
 
-def test_nonfinite_weights_raise_named_error_instead_of_torch_validation():
-    model = PPO(SafeMlpPolicy, "CartPole-v1", n_steps=32, batch_size=32)
+def test_nonfinite_weights_raise_named_error_instead_of_torch_validation(device):
+    model = PPO(SafeMlpPolicy, "CartPole-v1", n_steps=32, batch_size=32, device=device)
     with th.no_grad():
         model.policy.action_net.weight[0, 0] = float("nan")
     with pytest.raises(NonFiniteError, match="policy output logits: 1 NaN, 0 inf of 2"):

@@ -1,5 +1,6 @@
 """Callbacks that watch the numerics of any SB3 model: the non-finite guard and a numerics monitor."""
 
+import copy
 import json
 import math
 import os
@@ -27,6 +28,8 @@ from sb3_safe.common.numerics import (
 )
 
 ON_NONFINITE_MODES = ("raise", "stop", "rollback")
+#: Model attribute counting the guard's rollbacks; saved with the model, so max_rollbacks holds across resumed runs
+ROLLBACKS_ATTRIBUTE = "nonfinite_guard_rollbacks"
 REPORT_FILENAME = "nonfinite_guard.jsonl"
 
 # Where a non-finite value came from. Only the model state (parameters, optimizer state, gradients) and the
@@ -143,6 +146,7 @@ class _Snapshot:
     vec_normalize: tuple[Any, RunningMeanStd, np.ndarray] | None = None
     timestep: int = 0
     grad_norm: float | None = None
+    attributes: dict[str, Any] = field(default_factory=dict)
 
 
 def _copy_obs_rms(obs_rms: RunningMeanStd | dict[str, RunningMeanStd]) -> RunningMeanStd | dict[str, RunningMeanStd]:
@@ -178,6 +182,17 @@ class NonFiniteGuardCallback(BaseCallback):
     :mod:`sb3_safe.common.numerics`); the bad tensors are located and named only when a check fails. A passed
     check of the model state copies it first, so the copy is also the snapshot to roll back to.
 
+    What a rollback restores, and what it keeps:
+
+    - restored, as of the last passed check: every tensor that ``model.save()`` stores (networks, optimizer
+      state), the optimizers' hyperparameters, the VecNormalize statistics, and the algorithm's own update state
+      named in its ``rollback_attributes`` (``KLAdaptivePPO``'s ``kl_beta``, which the failed update may have
+      adapted to a diverged KL);
+    - kept: ``num_timesteps``, ``_n_updates`` and the skipped-step counters (they count what happened), the
+      environment and its last observation, the lowered learning rate and the rollback count. These two are
+      stored on the model (in ``learning_rate`` and in ``nonfinite_guard_rollbacks``), so they survive
+      ``save`` / ``load`` and a resumed ``learn()``: a resumed run does not get a fresh ``max_rollbacks`` budget.
+
     :param on_nonfinite: ``"raise"``: raise :class:`~sb3_safe.NonFiniteError`;
         ``"stop"``: restore the last healthy state, save it to ``save_path`` and end ``learn()`` cleanly;
         ``"rollback"``: restore the last healthy state, multiply the learning rate by ``lr_decay`` for the rest
@@ -185,7 +200,8 @@ class NonFiniteGuardCallback(BaseCallback):
     :param save_path: where ``"stop"`` saves the last healthy model (a ``.zip``); VecNormalize statistics go
         next to it as ``<save_path without .zip>_vecnormalize.pkl``. None: restore it in memory only.
     :param lr_decay: factor in (0, 1) applied to the learning rate at each rollback
-    :param max_rollbacks: rollbacks allowed before the guard stops training instead
+    :param max_rollbacks: rollbacks allowed over the model's whole training (also across ``save`` / ``load``)
+        before the guard stops training instead
     :param check_gradients: also check the gradients before every optimizer step
     :param report_dir: folder for the JSON-lines event report (``nonfinite_guard.jsonl``);
         None: the logger's folder, if it has one
@@ -239,6 +255,7 @@ class NonFiniteGuardCallback(BaseCallback):
     # ----- SB3 callback events -----
 
     def _on_training_start(self) -> None:
+        self.n_rollbacks = int(getattr(self.model, ROLLBACKS_ATTRIBUTE, 0))
         self._resolve_model()
         self._stopping = False
         self._healthy = self._scratch = None
@@ -400,6 +417,8 @@ class NonFiniteGuardCallback(BaseCallback):
         venv = self._vec_normalize
         if venv is not None:
             snapshot.vec_normalize = (_copy_obs_rms(venv.obs_rms), venv.ret_rms.copy(), venv.returns.copy())
+        names = getattr(self.model, "rollback_attributes", ())
+        snapshot.attributes = {name: copy.deepcopy(getattr(self.model, name)) for name in names}
 
     def _restore(self, snapshot: _Snapshot) -> None:
         snapshot.flat.restore()
@@ -419,6 +438,8 @@ class NonFiniteGuardCallback(BaseCallback):
             self._vec_normalize.obs_rms = _copy_obs_rms(obs_rms)
             self._vec_normalize.ret_rms = ret_rms.copy()
             self._vec_normalize.returns = returns.copy()
+        for name, value in snapshot.attributes.items():
+            setattr(self.model, name, copy.deepcopy(value))
         # The scratch copy may point at optimizer-state tensors that were just dropped
         self._scratch = None
 
@@ -554,6 +575,7 @@ class NonFiniteGuardCallback(BaseCallback):
         assert self._healthy is not None
         self._restore(self._healthy)
         self.n_rollbacks += 1
+        setattr(self.model, ROLLBACKS_ATTRIBUTE, self.n_rollbacks)
         # lr_schedule drives train(); learning_rate is what load() rebuilds lr_schedule from
         self.model.lr_schedule = scale_schedule(self.model.lr_schedule, self.lr_decay)
         self.model.learning_rate = scale_schedule(self.model.learning_rate, self.lr_decay)

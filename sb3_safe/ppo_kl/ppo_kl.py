@@ -57,9 +57,9 @@ class KLAdaptivePPO(PPO):
     update phase beta is adapted from the mean KL over the whole rollout (:func:`adapt_kl_beta`). ``kl_beta``
     is saved with the model and keeps adapting after ``load``.
 
-    The squashed Gaussian's log-prob is a pure function of the stored squashed action, exact even where tanh
-    saturates (censored mass, no ``atanh`` of a saturated value), so the first ratio of each update is 1
-    without storing the pre-squash action.
+    The squashed Gaussian's log-prob is a pure function of the stored squashed action, the probability of that
+    action also at the limits (censored mass, no ``atanh`` of a saturated value), so the first ratio of each update
+    is 1 without storing the pre-squash action.
 
     Accepts every :class:`~stable_baselines3.PPO` argument; ``"MlpPolicy"``, ``"CnnPolicy"`` and
     ``"MultiInputPolicy"`` are the safe policies of :mod:`sb3_safe.common.policies`. In addition:
@@ -78,6 +78,8 @@ class KLAdaptivePPO(PPO):
         "MultiInputPolicy": SafeMultiInputPolicy,
     }
     rollout_buffer: KLRolloutBuffer
+    #: Restored by NonFiniteGuardCallback's rollback: an update that failed may have adapted beta to a diverged KL
+    rollback_attributes: ClassVar[tuple[str, ...]] = ("kl_beta",)
 
     def __init__(
         self,
