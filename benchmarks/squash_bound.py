@@ -64,14 +64,16 @@ def main() -> None:
     lines = [
         "# Squashed Gaussian: where to clip u",
         "",
-        f"Command: `python -m benchmarks.squash_bound --samples {args.samples}`; {platform.processor() or platform.machine()}, "
-        f"torch {th.__version__}, float32.",
+        f"Command: `python -m benchmarks.squash_bound --samples {args.samples}`; "
+        f"{platform.processor() or platform.machine()}, torch {th.__version__}, float32.",
         "",
         "z-scores of the mean score (mean / standard error) under the distribution's own samples, mean u = bound "
         "(half of the mass on the limit action). Unbiased: |z| below ~5 (the suite's checks use 5.3 for two "
         "components at false-alarm rate 1e-6).",
         "",
-        "| bound | tanh(bound) | float32 step in u at the bound | " + " | ".join(f"std {std:g}: z mean, z log-std" for std in STDS) + " |",
+        "| bound | tanh(bound) | float32 step in u at the bound | "
+        + " | ".join(f"std {std:g}: z mean, z log-std" for std in STDS)
+        + " |",
         "|---|---|---|" + "---|" * len(STDS),
     ]
     for bound in BOUNDS:

@@ -92,7 +92,9 @@ def test_log_std_projection_survives_optimizer_replacement():
     policy.optimizer.step()
     assert bool((policy.log_std <= 1.0).all())
     # and in training, with an optimizer replaced like sb3-contrib's recurrent policy does
-    model = A2C(SafeMlpPolicy, "Pendulum-v1", learning_rate=3.0, n_steps=5, seed=0, policy_kwargs=dict(log_std_range=(-5.0, 1.0)))
+    model = A2C(
+        SafeMlpPolicy, "Pendulum-v1", learning_rate=3.0, n_steps=5, seed=0, policy_kwargs=dict(log_std_range=(-5.0, 1.0))
+    )
     model.policy.optimizer = th.optim.RMSprop(model.policy.parameters(), lr=3.0)
     model.learn(500)
     assert bool(((model.policy.log_std >= -5.0) & (model.policy.log_std <= 1.0)).all())
