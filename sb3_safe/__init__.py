@@ -3,7 +3,7 @@
 from pathlib import Path
 
 from sb3_safe.a2c_safe import SafeA2C
-from sb3_safe.common.callbacks import NonFiniteGuardCallback, NumericsMonitorCallback
+from sb3_safe.common.callbacks import NonFiniteGuardCallback, NonFiniteGuardWarning, NumericsMonitorCallback
 from sb3_safe.common.numerics import NonFiniteError
 from sb3_safe.common.policies import SafeActorCriticPolicy, SafeCnnPolicy, SafeMlpPolicy, SafeMultiInputPolicy
 from sb3_safe.ppo_kl import KLAdaptivePPO
@@ -14,6 +14,7 @@ __all__ = [
     "KLAdaptivePPO",
     "NonFiniteError",
     "NonFiniteGuardCallback",
+    "NonFiniteGuardWarning",
     "NumericsMonitorCallback",
     "SafeA2C",
     "SafeActorCriticPolicy",

@@ -15,6 +15,7 @@ from sb3_safe.common.distributions import (
     PRESQUASH_BOUND,
     TANH_BOUND,
     BoundedDiagGaussianDistribution,
+    BoundedStateDependentNoiseDistribution,
     SafeBernoulliDistribution,
     SafeCategoricalDistribution,
     SafeMultiCategoricalDistribution,
@@ -88,6 +89,41 @@ def test_squashed_gaussian_finite_for_extreme_inputs(mean_values, log_std_values
     bounds = th.tensor([[1.0, -1.0, INNER_LIMIT], [-INNER_LIMIT, 0.0, 0.999]]).repeat(2, 1)
     evaluated = [actions, th.tensor(other_actions).reshape(BATCH, ACTION_DIM), bounds, dist.mode()]
     log_prob = th.cat([dist.log_prob(batch) for batch in evaluated])
+    entropy = dist.entropy()
+    (log_prob.sum() + entropy.sum()).backward()
+    assert all_finite(actions, log_prob, entropy, mean.grad, log_std.grad)
+
+
+LATENT_DIM = 4
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    mean_arrays,
+    arrays(np.float32, LATENT_DIM * ACTION_DIM, elements=log_std_parameter),
+    arrays(np.float32, BATCH * LATENT_DIM, elements=network_output),
+    log_std_ranges,
+    st.booleans(),
+    st.booleans(),
+)
+def test_gsde_finite_with_the_action_std_in_range(mean_values, log_std_values, latent_values, log_std_range, squash, expln):
+    """gSDE: for any finite mean, exploration log-std and features, the action std is inside the range, and samples,
+    log-probs, entropy and gradients are finite."""
+    mean = th.tensor(mean_values).reshape(BATCH, ACTION_DIM).requires_grad_()
+    log_std = th.tensor(log_std_values).reshape(LATENT_DIM, ACTION_DIM).requires_grad_()
+    latent = th.tensor(latent_values).reshape(BATCH, LATENT_DIM)
+    dist = BoundedStateDependentNoiseDistribution(
+        ACTION_DIM, log_std_range, full_std=True, squash_output=squash, use_expln=expln
+    )
+    dist.latent_sde_dim = LATENT_DIM
+    dist.sample_weights(log_std, batch_size=BATCH)
+    dist.proba_distribution(mean, log_std, latent)
+
+    std = dist.distribution.stddev
+    low, high = log_std_range
+    assert bool((std >= math.exp(low) * (1 - 1e-5)).all()) and bool((std <= math.exp(high) * (1 + 1e-5)).all())
+    actions = dist.sample()
+    log_prob = th.cat([dist.log_prob(actions), dist.log_prob(dist.mode())])
     entropy = dist.entropy()
     (log_prob.sum() + entropy.sum()).backward()
     assert all_finite(actions, log_prob, entropy, mean.grad, log_std.grad)

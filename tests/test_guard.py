@@ -22,8 +22,21 @@ from stable_baselines3.common.save_util import recursive_getattr
 from stable_baselines3.common.utils import LinearSchedule
 from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
 
-from sb3_safe import KLAdaptivePPO, NonFiniteError, NonFiniteGuardCallback, NumericsMonitorCallback, SafeA2C
+from sb3_safe import (
+    KLAdaptivePPO,
+    NonFiniteError,
+    NonFiniteGuardCallback,
+    NonFiniteGuardWarning,
+    NumericsMonitorCallback,
+    SafeA2C,
+)
 from sb3_safe.common.callbacks import REPORT_FILENAME, ScaledSchedule
+
+
+@pytest.fixture(autouse=True)
+def in_tmp_path(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without a log folder the guard writes its report to the current directory: keep it out of the checkout."""
+    monkeypatch.chdir(tmp_path)
 
 
 def tiny() -> dict[str, Any]:
@@ -532,3 +545,22 @@ def test_resumed_run_keeps_the_rollback_budget_and_count(tmp_path: Any) -> None:
 
     assert guard.n_rollbacks == 1 and [event.action for event in guard.events] == ["stop"]
     assert guard.stop_reason is not None and "max_rollbacks=1" in guard.stop_reason
+
+
+def test_stop_and_rollback_warn_and_write_the_report_without_a_log_folder_or_verbose(tmp_path: Any) -> None:
+    """With SB3's default verbose=0 and no logger folder, a stop is not silent: a warning, a report, a reason."""
+    env = FaultyEnv(inf_reward_at=30)
+    model = PPO("MlpPolicy", env, n_steps=32, batch_size=32, seed=0, device="cpu", policy_kwargs=tiny())
+    guard = NonFiniteGuardCallback(on_nonfinite="stop")
+    with pytest.warns(NonFiniteGuardWarning, match="reward of env 0") as warned:
+        model.learn(2000, callback=guard)
+    guard_warnings = [warning for warning in warned if issubclass(warning.category, NonFiniteGuardWarning)]
+    assert model.num_timesteps < 2000 and len(guard_warnings) == 1
+    assert guard.stop_reason is not None and str(guard_warnings[0].message) == guard.stop_reason
+    report = tmp_path / REPORT_FILENAME  # the current directory
+    assert [json.loads(line)["action"] for line in report.read_text().splitlines()] == ["stop"]
+
+    model = small_ppo()
+    CorruptAfterOptimizerStep(model, model.policy.optimizer, {3}, first_weight_nan(model))
+    with pytest.warns(NonFiniteGuardWarning, match="Rolled back"):
+        model.learn(128, callback=NonFiniteGuardCallback(on_nonfinite="rollback"))

@@ -17,10 +17,11 @@ from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.envs import FakeImageEnv, IdentityEnvMultiBinary, IdentityEnvMultiDiscrete, SimpleMultiObsEnv
 from stable_baselines3.common.evaluation import evaluate_policy
+from stable_baselines3.common.logger import configure
 from stable_baselines3.common.policies import ActorCriticPolicy
 from stable_baselines3.common.vec_env import VecNormalize
 
-from sb3_safe import KLAdaptivePPO, SafeActorCriticPolicy, SafeCnnPolicy, SafeMultiInputPolicy
+from sb3_safe import KLAdaptivePPO, SafeA2C, SafeActorCriticPolicy, SafeCnnPolicy, SafeMultiInputPolicy
 from sb3_safe.common.buffers import KLDictRolloutBuffer, KLRolloutBuffer
 from sb3_safe.common.kl import analytic_kl, has_analytic_kl
 from sb3_safe.common.updates import GuardedOptimizerStep
@@ -411,3 +412,19 @@ def test_learns_cartpole() -> None:
     assert isinstance(before, float) and isinstance(after, float)
     assert after > max(4 * before, 100.0), (before, after)
     assert model.policy_guard.n_skipped == 0
+
+
+@pytest.mark.parametrize(
+    "algo, kwargs, key",
+    [
+        (KLAdaptivePPO, dict(n_steps=64, batch_size=32, n_epochs=1), "train/kl_beta"),
+        (SafeA2C, dict(n_steps=8), "train/skipped_updates"),
+    ],
+)
+def test_last_update_statistics_are_written_when_learn_ends(algo, kwargs, key, tmp_path):
+    """SB3 writes the logger before train(): without the final write, a one-update run logs no train/ key."""
+    model = algo("MlpPolicy", "Pendulum-v1", seed=0, device="cpu", **kwargs)
+    model.set_logger(configure(str(tmp_path), ["csv"]))
+    model.learn(kwargs["n_steps"])
+    header = (tmp_path / "progress.csv").read_text().splitlines()[0].split(",")
+    assert key in header and "train/n_updates" in header

@@ -14,7 +14,7 @@ from torch.nn import functional as F
 
 from sb3_safe.a2c_safe.policies import CnnPolicy, MlpPolicy, MultiInputPolicy
 from sb3_safe.common.policies import SafeActorCriticPolicy
-from sb3_safe.common.updates import GuardedOptimizerStep, normalize_advantages
+from sb3_safe.common.updates import GuardedOptimizerStep, normalize_advantages, write_last_update_statistics
 
 SelfSafeA2C = TypeVar("SelfSafeA2C", bound="SafeA2C")
 
@@ -231,7 +231,7 @@ class SafeA2C(A2C):
         reset_num_timesteps: bool = True,
         progress_bar: bool = False,
     ) -> SelfSafeA2C:
-        return super().learn(
+        super().learn(
             total_timesteps=total_timesteps,
             callback=callback,
             log_interval=log_interval,
@@ -239,3 +239,5 @@ class SafeA2C(A2C):
             reset_num_timesteps=reset_num_timesteps,
             progress_bar=progress_bar,
         )
+        write_last_update_statistics(self, log_interval)
+        return self

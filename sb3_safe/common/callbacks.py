@@ -4,6 +4,7 @@ import copy
 import json
 import math
 import os
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +32,11 @@ ON_NONFINITE_MODES = ("raise", "stop", "rollback")
 #: Model attribute counting the guard's rollbacks; saved with the model, so max_rollbacks holds across resumed runs
 ROLLBACKS_ATTRIBUTE = "nonfinite_guard_rollbacks"
 REPORT_FILENAME = "nonfinite_guard.jsonl"
+
+
+class NonFiniteGuardWarning(RuntimeWarning):
+    """Issued by :class:`NonFiniteGuardCallback` for every stop and rollback (and before raising), with its message."""
+
 
 # Where a non-finite value came from. Only the model state (parameters, optimizer state, gradients) and the
 # normalization statistics can be repaired by restoring a snapshot; data from the environment, or collected
@@ -204,8 +210,12 @@ class NonFiniteGuardCallback(BaseCallback):
         before the guard stops training instead
     :param check_gradients: also check the gradients before every optimizer step
     :param report_dir: folder for the JSON-lines event report (``nonfinite_guard.jsonl``);
-        None: the logger's folder, if it has one
-    :param verbose: Verbosity level: 0 for no output, 1 to print each event
+        None: the logger's folder, or the current directory when the logger writes no files
+    :param verbose: kept for SB3's callback signature: every event is reported whatever its value, as a
+        :class:`NonFiniteGuardWarning`, a logger WARNING and a line of the JSON-lines report
+
+    After ``learn()`` returns, :attr:`events` lists what happened and :attr:`stop_reason` says why training was
+    stopped (None if it was not).
     """
 
     def __init__(
@@ -625,15 +635,22 @@ class NonFiniteGuardCallback(BaseCallback):
         return "\n".join(lines)
 
     def _report(self, event: GuardEvent) -> None:
+        # Never silent: a stop looks like a finished run, a rollback like a healthy one, whatever verbose is
         self._record_counts()
         self.logger.log(event.message, level=WARN)
-        if self.verbose >= 1:
-            print(event.message)
-        folder = self.report_dir or self.logger.get_dir()
-        if folder is not None:
-            os.makedirs(folder, exist_ok=True)
-            with open(os.path.join(folder, REPORT_FILENAME), "a", encoding="utf-8") as file:
-                file.write(json.dumps(event.to_dict()) + "\n")
+        warnings.warn(event.message, NonFiniteGuardWarning, stacklevel=2)
+        os.makedirs(self.report_folder, exist_ok=True)
+        with open(os.path.join(self.report_folder, REPORT_FILENAME), "a", encoding="utf-8") as file:
+            file.write(json.dumps(event.to_dict()) + "\n")
+
+    @property
+    def report_folder(self) -> str:
+        """
+        Where ``nonfinite_guard.jsonl`` goes: ``report_dir``, else the logger's folder if the logger writes there
+        (SB3's default logger has a temporary folder it writes nothing to), else the current directory.
+        """
+        logger_folder = self.logger.get_dir() if self.logger.output_formats else None
+        return self.report_dir or logger_folder or os.getcwd()
 
     def _record_counts(self) -> None:
         self.logger.record("guard/events", len(self.events))

@@ -1,8 +1,12 @@
-"""The update-step logic every sb3-safe algorithm shares: guarded optimizer steps and safe advantage scaling."""
+"""
+The update-step logic every sb3-safe algorithm shares: guarded optimizer steps, safe advantage scaling, and writing
+the statistics of the last update.
+"""
 
 from collections.abc import Iterable
 
 import torch as th
+from stable_baselines3.common.base_class import BaseAlgorithm
 
 from sb3_safe.common.numerics import is_finite
 
@@ -77,3 +81,18 @@ def normalize_advantages(advantages: th.Tensor, epsilon: float = 1e-8) -> th.Ten
         return advantages
     centered = advantages - advantages.mean()
     return centered / (centered.std() + epsilon)
+
+
+def write_last_update_statistics(model: BaseAlgorithm, log_interval: int | None) -> None:
+    """
+    Write what the last ``train()`` recorded (``train/kl_beta``, ``train/skipped_updates``, ...) when ``learn()`` ends.
+
+    SB3 writes the logger before each ``train()``, so the statistics of the last update are never written, and a
+    run with a single update writes no ``train/`` key at all. Nothing is written with ``log_interval=None`` (no
+    logging asked for) or when nothing is pending.
+
+    :param model: the algorithm whose ``learn()`` just returned
+    :param log_interval: the ``log_interval`` that ``learn()`` was given
+    """
+    if log_interval is not None and model.logger.name_to_value:
+        model.logger.dump(model.num_timesteps)

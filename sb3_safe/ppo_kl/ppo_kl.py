@@ -15,7 +15,7 @@ from torch.nn import functional as F
 from sb3_safe.common.buffers import KLDictRolloutBuffer, KLDictRolloutBufferSamples, KLRolloutBuffer, KLRolloutBufferSamples
 from sb3_safe.common.kl import analytic_kl, approx_kl, clamp_log_ratio, has_analytic_kl
 from sb3_safe.common.policies import SafeActorCriticPolicy, SafeCnnPolicy, SafeMultiInputPolicy
-from sb3_safe.common.updates import GuardedOptimizerStep, normalize_advantages
+from sb3_safe.common.updates import GuardedOptimizerStep, normalize_advantages, write_last_update_statistics
 
 SelfKLAdaptivePPO = TypeVar("SelfKLAdaptivePPO", bound="KLAdaptivePPO")
 
@@ -321,7 +321,7 @@ class KLAdaptivePPO(PPO):
         reset_num_timesteps: bool = True,
         progress_bar: bool = False,
     ) -> SelfKLAdaptivePPO:
-        return super().learn(
+        super().learn(
             total_timesteps=total_timesteps,
             callback=callback,
             log_interval=log_interval,
@@ -329,3 +329,5 @@ class KLAdaptivePPO(PPO):
             reset_num_timesteps=reset_num_timesteps,
             progress_bar=progress_bar,
         )
+        write_last_update_statistics(self, log_interval)
+        return self
