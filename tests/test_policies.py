@@ -305,3 +305,12 @@ def test_optimizer_without_foreach_option_is_built_as_given():
     model = PPO(SafeMlpPolicy, IdentityEnvBox(ep_length=20), seed=0, policy_kwargs=dict(optimizer_class=th.optim.LBFGS))
     assert isinstance(model.policy.optimizer, th.optim.LBFGS)
     assert "foreach" not in model.policy.optimizer_kwargs
+
+
+@pytest.mark.parametrize(
+    "env, policy_kwargs, argument",
+    [("CartPole-v1", dict(log_std_range=(-5.0, 1.0)), "log_std_range"), ("Pendulum-v1", dict(logit_bound=5.0), "logit_bound")],
+)
+def test_arguments_without_effect_for_the_action_space_warn(env, policy_kwargs, argument):
+    with pytest.warns(UserWarning, match=f"{argument}=.* has no effect"):
+        PPO(SafeMlpPolicy, env, policy_kwargs=policy_kwargs)

@@ -1,6 +1,7 @@
 """Drop-in SB3 actor-critic policies whose action distributions stay finite and valid."""
 
 import inspect
+import warnings
 from typing import Any
 
 import numpy as np
@@ -62,6 +63,7 @@ class SafeActorCriticPolicy(ActorCriticPolicy):
         # SB3's constructor builds the networks and the distribution (in _build), which needs these first
         self.log_std_range = validate_log_std_range(log_std_range)
         self.logit_bound = validate_logit_bound(logit_bound)
+        warn_about_arguments_without_effect(action_space, self.log_std_range, self.logit_bound)
         self._tanh_squash = squash_output and not use_sde
         # SB3 squashes only with gSDE; without it, the squashed Gaussian is ours
         super().__init__(
@@ -123,6 +125,24 @@ class SafeActorCriticPolicy(ActorCriticPolicy):
         data = super()._get_constructor_parameters()
         data.update(squash_output=self.squash_output, log_std_range=self.log_std_range, logit_bound=self.logit_bound)
         return data
+
+
+def warn_about_arguments_without_effect(
+    action_space: spaces.Space, log_std_range: tuple[float, float], logit_bound: float | None
+) -> None:
+    """
+    Warn when ``log_std_range`` is set for discrete actions or ``logit_bound`` for Box actions: a setting that
+    silently does nothing is usually a mistake (the wrong environment, or the wrong keyword).
+
+    :param action_space: the policy's action space
+    :param log_std_range: the validated ``log_std_range``
+    :param logit_bound: the validated ``logit_bound``
+    """
+    continuous = isinstance(action_space, spaces.Box)
+    if not continuous and log_std_range != DEFAULT_LOG_STD_RANGE:
+        warnings.warn(f"log_std_range={log_std_range} has no effect: the action space {action_space} is not a Box")
+    if continuous and logit_bound != DEFAULT_LOGIT_BOUND:
+        warnings.warn(f"logit_bound={logit_bound} has no effect: the action space {action_space} is a Box")
 
 
 def prefer_foreach(optimizer_class: type[th.optim.Optimizer], optimizer_kwargs: dict[str, Any]) -> dict[str, Any]:
