@@ -85,6 +85,8 @@ def main() -> None:
         f"SafeMlpPolicy: trained {model.num_timesteps} steps, {len(guard.events)} guard events, "
         f"log-std parameter in [{log_std.min().item():.3g}, {log_std.max().item():.3g}] (bounds [{low:g}, {high:g}])"
     )
+    # Finite is not healthy: a log-std pinned at the lower bound no longer explores; the guard says so
+    print(f"guard: {guard.exploration.message or 'exploration never sat at a bound'}")
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ import torch as th
 from stable_baselines3.common.save_util import load_from_zip_file
 
 from sb3_safe.common.distributions import DEFAULT_LOG_STD_RANGE
+from sb3_safe.common.exploration import STOCK_LOG_STD_RANGE
 from sb3_safe.common.numerics import NonFiniteTensor, find_nonfinite
 from sb3_safe.common.policies import SafeActorCriticPolicy, SafeCnnPolicy, SafeMultiInputPolicy
 
@@ -32,11 +33,6 @@ EXIT_HEALTHY = 0
 EXIT_UNHEALTHY = 1
 EXIT_UNREADABLE = 2
 
-#: Log-std range of policies without a ``log_std_range`` (SB3's own). Ceiling 5 (std 148): SB3 recommends
-#: actions scaled to [-1, 1], where nearly every action sampled with such a std is clipped to a bound; it is
-#: 3 above the ceiling of sb3-safe's default range (SAC's 2, std 7.4), leaving room for wider action spaces.
-#: Floor -20 (std 2e-9, SAC's): below float32's resolution near 1 (6e-8), sampling returns the mean itself.
-STOCK_LOG_STD_RANGE = (DEFAULT_LOG_STD_RANGE[0], 5.0)
 #: Largest healthy |value| of a policy weight: float32 values from 2^13 (8192) on are 2^-10 (~1e-3) apart, so an
 #: Adam step of PPO's default learning rate (3e-4, less than half that) rounds away: the weight cannot be trained
 WEIGHT_LIMIT = 1e4

@@ -29,8 +29,10 @@ from sb3_safe import (
     NonFiniteGuardWarning,
     NumericsMonitorCallback,
     SafeA2C,
+    SafeMlpPolicy,
 )
 from sb3_safe.common.callbacks import REPORT_FILENAME, ScaledSchedule
+from sb3_safe.common.exploration import ExplorationWarning
 
 
 @pytest.fixture(autouse=True)
@@ -564,3 +566,20 @@ def test_stop_and_rollback_warn_and_write_the_report_without_a_log_folder_or_ver
     CorruptAfterOptimizerStep(model, model.policy.optimizer, {3}, first_weight_nan(model))
     with pytest.warns(NonFiniteGuardWarning, match="Rolled back"):
         model.learn(128, callback=NonFiniteGuardCallback(on_nonfinite="rollback"))
+
+
+@pytest.mark.parametrize("callback_class", [NonFiniteGuardCallback, NumericsMonitorCallback])
+def test_exploration_collapse_is_reported_once(callback_class: type, tmp_path: Any) -> None:
+    """A log-std pinned at its lower bound is finite, but the policy no longer explores: both callbacks say so once."""
+    model = A2C(SafeMlpPolicy, "Pendulum-v1", n_steps=4, learning_rate=0.0, seed=0, policy_kwargs=dict(log_std_init=-20.0))
+    model.set_logger(configure(str(tmp_path), ["csv"]))
+    callback = callback_class(collapse_patience=3)
+    with pytest.warns(
+        ExplorationWarning, match=r"exploration collapsed at log_std = -20 \(std 2.06e-09\) in 1 of 1"
+    ) as warned:
+        model.learn(64, callback=callback, log_interval=1)
+    assert sum(issubclass(warning.category, ExplorationWarning) for warning in warned) == 1
+    assert callback.exploration.message is not None
+    fractions = [row.split(",") for row in (tmp_path / "progress.csv").read_text().splitlines()]
+    column = fractions[0].index("train/log_std_at_bound_fraction")
+    assert {float(row[column]) for row in fractions[1:] if row[column]} == {1.0}

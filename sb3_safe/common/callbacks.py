@@ -18,6 +18,7 @@ from stable_baselines3.common.type_aliases import Schedule
 from stable_baselines3.common.utils import FloatSchedule
 from torch.utils.hooks import RemovableHandle
 
+from sb3_safe.common.exploration import DEFAULT_PATIENCE, ExplorationWatch
 from sb3_safe.common.numerics import (
     ArrayFiniteCheck,
     FlatCopy,
@@ -211,6 +212,8 @@ class NonFiniteGuardCallback(BaseCallback):
     :param check_gradients: also check the gradients before every optimizer step
     :param report_dir: folder for the JSON-lines event report (``nonfinite_guard.jsonl``);
         None: the logger's folder, or the current directory when the logger writes no files
+    :param collapse_patience: consecutive updates with a log-std at a bound of its range before an
+        :class:`~sb3_safe.common.exploration.ExplorationWarning` (finite, but no longer exploring, or only noise)
     :param verbose: kept for SB3's callback signature: every event is reported whatever its value, as a
         :class:`NonFiniteGuardWarning`, a logger WARNING and a line of the JSON-lines report
 
@@ -226,6 +229,7 @@ class NonFiniteGuardCallback(BaseCallback):
         max_rollbacks: int = 3,
         check_gradients: bool = False,
         report_dir: str | None = None,
+        collapse_patience: int = DEFAULT_PATIENCE,
         verbose: int = 0,
     ) -> None:
         super().__init__(verbose)
@@ -241,6 +245,8 @@ class NonFiniteGuardCallback(BaseCallback):
         self.max_rollbacks = max_rollbacks
         self.check_gradients = check_gradients
         self.report_dir = report_dir
+        #: warns once when a log-std sits at a bound of its range for ``collapse_patience`` consecutive updates
+        self.exploration = ExplorationWatch(collapse_patience)
         # Public results
         self.events: list[GuardEvent] = []
         self.n_rollbacks = 0
@@ -316,6 +322,9 @@ class NonFiniteGuardCallback(BaseCallback):
                     if isinstance(array, np.ndarray)
                 ]
                 self._handle(ROLLOUT, "end of rollout (returns and advantages computed)", find_nonfinite(named))
+        at_bound = self.exploration.after_update(self.model)
+        if at_bound is not None:
+            self.logger.record("train/log_std_at_bound_fraction", at_bound)
         self._record_counts()
 
     def _on_training_end(self) -> None:
@@ -674,12 +683,20 @@ class NumericsMonitorCallback(BaseCallback):
     """
     Log the numbers that announce a divergence before it happens, at the end of each rollout:
     ``train/log_std_min`` and ``train/log_std_max`` (policies with a ``log_std`` parameter),
-    ``train/param_max_abs`` (largest |parameter|) and ``train/grad_norm`` (L2 norm of the gradients of the
-    last optimizer step). They go to SB3's logger, hence to stdout, CSV and TensorBoard.
+    ``train/param_max_abs`` (largest |parameter|), ``train/grad_norm`` (L2 norm of the gradients of the
+    last optimizer step) and ``train/log_std_at_bound_fraction`` (share of log-std entries at a bound of the range;
+    after ``collapse_patience`` consecutive updates with one at a bound, an
+    :class:`~sb3_safe.common.exploration.ExplorationWarning` says that exploration collapsed or exploded).
+    They go to SB3's logger, hence to stdout, CSV and TensorBoard.
     Use with :class:`NonFiniteGuardCallback`, which logs ``guard/events`` and ``guard/rollbacks``.
 
+    :param collapse_patience: consecutive updates with a log-std at a bound before the warning
     :param verbose: Verbosity level: 0 for no output, 1 for info messages
     """
+
+    def __init__(self, collapse_patience: int = DEFAULT_PATIENCE, verbose: int = 0) -> None:
+        super().__init__(verbose)
+        self.exploration = ExplorationWatch(collapse_patience)
 
     def _on_training_start(self) -> None:
         self._params: list[th.Tensor] = [p for p in self.model.policy.parameters() if p.is_floating_point()]
@@ -702,3 +719,6 @@ class NumericsMonitorCallback(BaseCallback):
         grad_norm = self._gradient_norm()
         if grad_norm is not None:
             record("train/grad_norm", grad_norm)
+        at_bound = self.exploration.after_update(self.model)
+        if at_bound is not None:
+            record("train/log_std_at_bound_fraction", at_bound)
