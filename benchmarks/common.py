@@ -119,6 +119,7 @@ class Variant:
     :param guard: NonFiniteGuardCallback mode, or None for no guard ("+guard" in a name is rollback mode)
     :param foreach: stock algorithm and policy, but the optimizer steps with ``foreach=True`` as sb3-safe's
         policies do (same values; isolates the cost of the safety from the optimizer's speed-up)
+    :param log_std_low: lower bound of the safe policy's ``log_std_range`` (upper bound the default), None: default
     """
 
     name: str
@@ -126,6 +127,7 @@ class Variant:
     safe_policy: bool = False
     guard: str | None = None
     foreach: bool = False
+    log_std_low: float | None = None
 
 
 VARIANTS = {
@@ -134,6 +136,7 @@ VARIANTS = {
         Variant("PPO", "PPO"),
         Variant("PPO(foreach)", "PPO", foreach=True),
         Variant("PPO+SafeMlpPolicy", "PPO", safe_policy=True),
+        Variant("PPO+SafeMlpPolicy(lo=-5)", "PPO", safe_policy=True, log_std_low=-5.0),
         Variant("PPO+guard(raise)", "PPO", guard="raise"),
         Variant("KLAdaptivePPO", "KLAdaptivePPO"),
         Variant("KLAdaptivePPO+guard(raise)", "KLAdaptivePPO", guard="raise"),
@@ -141,6 +144,7 @@ VARIANTS = {
         Variant("A2C", "A2C"),
         Variant("A2C(foreach)", "A2C", foreach=True),
         Variant("A2C+SafeMlpPolicy", "A2C", safe_policy=True),
+        Variant("A2C+SafeMlpPolicy(lo=-5)", "A2C", safe_policy=True, log_std_low=-5.0),
         Variant("SafeA2C", "SafeA2C"),
         Variant("SafeA2C+guard(raise)", "SafeA2C", guard="raise"),
         Variant("SafeA2C+guard", "SafeA2C", guard="rollback"),
@@ -155,9 +159,13 @@ def build_model(variant: Variant, env: Any, seed: int, kwargs: dict[str, Any]) -
     from stable_baselines3 import A2C, PPO
 
     from sb3_safe import KLAdaptivePPO, SafeA2C, SafeMlpPolicy
+    from sb3_safe.common.distributions import DEFAULT_LOG_STD_RANGE
 
     classes = {"PPO": PPO, "KLAdaptivePPO": KLAdaptivePPO, "A2C": A2C, "SafeA2C": SafeA2C}
     policy = SafeMlpPolicy if variant.safe_policy else "MlpPolicy"
+    if variant.log_std_low is not None:
+        log_std_range = (variant.log_std_low, DEFAULT_LOG_STD_RANGE[1])
+        kwargs = {**kwargs, "policy_kwargs": {**kwargs.get("policy_kwargs", {}), "log_std_range": log_std_range}}
     model = classes[variant.algo](policy, env, seed=seed, device="cpu", verbose=0, **kwargs)
     if variant.foreach:
         # Set on the built optimizer: passing optimizer_kwargs would replace A2C's RMSprop settings
@@ -229,6 +237,24 @@ def episode_curve_callback() -> Any:
     return EpisodeCurve()
 
 
+def log_std_collapsed(model: Any) -> bool | None:
+    """
+    Whether some log-std entry ended at the lower bound of the policy's range (sb3-safe's ``log_std_range``, else
+    the stock range of ``sb3_safe.common.exploration``): finite, but no longer exploring. None without a log-std.
+    """
+    import torch as th
+
+    from sb3_safe.common.exploration import AT_BOUND_TOLERANCE, policy_log_std
+
+    found = policy_log_std(model)
+    if found is None:
+        return None
+    log_std, (low, _) = found
+    with th.no_grad():
+        # a NaN log-std has no bound to sit at
+        return bool((log_std <= low + AT_BOUND_TOLERANCE).any())
+
+
 def params_finite(model: Any) -> bool:
     """Whether every policy parameter is finite."""
     import torch as th
@@ -295,6 +321,7 @@ def train(
         guard_events=None if guard is None else len(guard.events),
         guard_rollbacks=None if guard is None else guard.n_rollbacks,
         guard_stopped=None if guard is None else guard.stop_reason is not None,
+        log_std_collapsed=log_std_collapsed(model),
     )
     if curve:
         row["curve"] = callbacks[-1].points

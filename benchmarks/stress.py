@@ -20,12 +20,16 @@ import numpy as np
 from benchmarks import common
 
 SUITE = "stress"
-#: The four ways to train, per algorithm family: stock, safe policy, safe algorithm, safe algorithm + guard
-ROLES = ("stock SB3", "safe policy", "safe algorithm", "safe algorithm + guard")
+#: The ways to train, per algorithm family: stock, safe policy, safe algorithm, safe algorithm + guard, and the safe
+#: policy with the log-std's lower bound at -5 instead of the default -20 (continuous actions only): which lower
+#: bound keeps more runs exploring
+ROLES = ("stock SB3", "safe policy", "safe algorithm", "safe algorithm + guard", "safe policy, log-std >= -5")
 FAMILY_VARIANTS = {
-    "PPO": ("PPO", "PPO+SafeMlpPolicy", "KLAdaptivePPO", "KLAdaptivePPO+guard"),
-    "A2C": ("A2C", "A2C+SafeMlpPolicy", "SafeA2C", "SafeA2C+guard"),
+    "PPO": ("PPO", "PPO+SafeMlpPolicy", "KLAdaptivePPO", "KLAdaptivePPO+guard", "PPO+SafeMlpPolicy(lo=-5)"),
+    "A2C": ("A2C", "A2C+SafeMlpPolicy", "SafeA2C", "SafeA2C+guard", "A2C+SafeMlpPolicy(lo=-5)"),
 }
+#: Roles that need a log-std (continuous actions)
+CONTINUOUS_ONLY_ROLES = ("safe policy, log-std >= -5",)
 
 
 class ScaleObservation(gym.ObservationWrapper):
@@ -247,7 +251,17 @@ def jobs(size: str) -> list[tuple[str, str, int, int, int]]:
         (name, variant, seed, CONFIGS[name].timesteps[size], EVAL_EPISODES[size])
         for name in names
         for seed in SEEDS[size]
-        for variant in FAMILY_VARIANTS[CONFIGS[name].family]
+        for variant in variants(CONFIGS[name])
+    ]
+
+
+def variants(config: StressConfig) -> list[str]:
+    """The config's variants, one per role (roles that need a log-std only for continuous actions)."""
+    continuous = isinstance(gym.make(config.env_id).action_space, gym.spaces.Box)
+    return [
+        variant
+        for role, variant in zip(ROLES, FAMILY_VARIANTS[config.family], strict=True)
+        if continuous or role not in CONTINUOUS_ONLY_ROLES
     ]
 
 
@@ -300,7 +314,10 @@ def report(out: Path) -> None:
             "Start: rl-zoo's tuned entry for the env (`rl_zoo3/hyperparams/{ppo,a2c}.yml`), then one thing broken.",
             "Roles: stock SB3 (PPO / A2C, MlpPolicy); safe policy (PPO / A2C with SafeMlpPolicy); safe algorithm"
             " (KLAdaptivePPO / SafeA2C); safe algorithm + `NonFiniteGuardCallback(on_nonfinite='rollback')`"
-            " (max 3 rollbacks, then it stops training, which is counted as 'stopped by guard').",
+            " (max 3 rollbacks, then it stops training, which is counted as 'stopped by guard'); safe policy with"
+            " `log_std_range=(-5, 2)` instead of the default (-20, 2) (continuous actions only, 'n/a' otherwise).",
+            "Ended with exploration collapsed: some log-std entry at the lower bound of the policy's range at the end"
+            " (sb3-safe's `log_std_range`; -20 for stock policies), finite but no longer exploring.",
         ],
     )
     summary, details = [], []
@@ -309,6 +326,9 @@ def report(out: Path) -> None:
         cells = [f"`{name}`"]
         for role, variant in zip(ROLES, FAMILY_VARIANTS[config.family], strict=True):
             selected = [row for row in runs if row["config"] == name and row["variant"] == variant]
+            if not selected:
+                cells.append("n/a")
+                continue
             healthy = sum(_healthy(row) for row in selected)
             cells.append(f"{healthy}/{len(selected)}")
             errors = sorted({row["error"] for row in selected if row["error"]})
@@ -322,6 +342,7 @@ def report(out: Path) -> None:
                     _sum(selected, "skipped_updates"),
                     _sum(selected, "guard_rollbacks"),
                     _sum(selected, "guard_stopped"),
+                    _sum(selected, "log_std_collapsed"),
                     common.mean_std(row["final_return"] for row in selected),
                     "<br>".join(errors) or "-",
                 ]
@@ -345,6 +366,7 @@ def report(out: Path) -> None:
                 "skipped steps",
                 "guard rollbacks",
                 "stopped by guard",
+                "ended with exploration collapsed",
                 "final return",
                 "exceptions (type: first line)",
             ],
@@ -356,7 +378,7 @@ def report(out: Path) -> None:
 
 
 def _sum(rows: list[dict[str, Any]], key: str) -> int | str:
-    values = [row[key] for row in rows if row[key] is not None]
+    values = [row[key] for row in rows if row.get(key) is not None]
     return int(sum(values)) if values else "-"
 
 
@@ -371,8 +393,8 @@ def plot(runs: list[dict[str, Any]], names: list[str], out: Path) -> None:
         for name in names:
             selected = [row for row in runs if row["config"] == name and row["role"] == role]
             shares.append(np.mean([_healthy(row) for row in selected]) if selected else np.nan)
-        axis.bar(x + (index - 1.5) * width, shares, width=width, label=role)
+        axis.bar(x + (index - (len(ROLES) - 1) / 2) * width, shares, width=width, label=role)
     axis.set_xticks(x, names, rotation=30, ha="right", fontsize=8)
     axis.set(ylabel="share of runs: no exception, finite params", ylim=(0, 1.25), title="Stress: runs that stayed finite")
-    axis.legend(fontsize=7, loc="upper center", ncol=len(ROLES))
+    axis.legend(fontsize=7, loc="upper center", ncol=3)
     common.save_figure(figure, out / "stress.png")
