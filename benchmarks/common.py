@@ -336,8 +336,8 @@ def _first_line(exc: Exception) -> str:
 
 def skipped_updates(model: Any) -> int | None:
     """Optimizer steps skipped by the safe algorithms' guarded step (None for stock algorithms)."""
-    guarded = getattr(model, "policy_guard", None) or getattr(model, "guarded_step", None)
-    return None if guarded is None else int(guarded.n_skipped)
+    skipped = getattr(model, "skipped_updates", None)
+    return None if skipped is None else int(skipped)
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -75,7 +75,7 @@ def main() -> None:
     )
     guard = NonFiniteGuardCallback(on_nonfinite="rollback")
     model.learn(args.timesteps, callback=[guard, KLBetaPrinter(every=20)])
-    skipped = model.policy_guard.n_skipped
+    skipped = model.skipped_updates
     print(f"final beta {model.kl_beta:.4g}; skipped optimizer steps {skipped}; rollbacks {guard.n_rollbacks}")
 
     args.output.mkdir(parents=True, exist_ok=True)

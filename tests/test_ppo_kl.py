@@ -278,14 +278,14 @@ def test_nan_loss_skips_one_step_leaving_params_and_adam_state() -> None:
     model = KLAdaptivePPO(
         "MlpPolicy", NaNRewardEnv(nan_step=n_steps), n_steps=n_steps, batch_size=batch_size, n_epochs=1, seed=0
     )
-    model.policy_guard = RecordingGuard()
+    model.guarded_step = RecordingGuard()
     logs = RecordTrainLogs()
     model.learn(2 * n_steps, callback=logs)
-    records = model.policy_guard.records
+    records = model.guarded_step.records
     assert len(records) == 2 * n_steps // batch_size
     skipped = [i for i, (_, _, grad_norm) in enumerate(records) if grad_norm is None]
     assert len(skipped) == 1 and skipped[0] >= n_steps // batch_size  # one minibatch of the second rollout
-    assert model.policy_guard.n_skipped == 1
+    assert model.guarded_step.n_skipped == 1
     assert [record["train/skipped_updates"] for record in logs.records] == [0, 1]
     before, after, _ = records[skipped[0]]
     assert before["adam"]  # Adam state exists (steps were taken in the first rollout) and is unchanged
@@ -411,7 +411,7 @@ def test_learns_cartpole() -> None:
     after, _ = evaluate_policy(model, eval_env, n_eval_episodes=10, deterministic=False)
     assert isinstance(before, float) and isinstance(after, float)
     assert after > max(4 * before, 100.0), (before, after)
-    assert model.policy_guard.n_skipped == 0
+    assert model.guarded_step.n_skipped == 0
 
 
 @pytest.mark.parametrize(

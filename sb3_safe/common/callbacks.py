@@ -6,7 +6,7 @@ import math
 import os
 import warnings
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, get_args
 
 import numpy as np
 import torch as th
@@ -29,7 +29,9 @@ from sb3_safe.common.numerics import (
     find_nonfinite,
 )
 
-ON_NONFINITE_MODES = ("raise", "stop", "rollback")
+#: What the guard does on a non-finite value
+OnNonFinite = Literal["raise", "stop", "rollback"]
+ON_NONFINITE_MODES: tuple[OnNonFinite, ...] = get_args(OnNonFinite)
 #: Model attribute counting the guard's rollbacks; saved with the model, so max_rollbacks holds across resumed runs
 ROLLBACKS_ATTRIBUTE = "nonfinite_guard_rollbacks"
 REPORT_FILENAME = "nonfinite_guard.jsonl"
@@ -223,7 +225,7 @@ class NonFiniteGuardCallback(BaseCallback):
 
     def __init__(
         self,
-        on_nonfinite: str = "raise",
+        on_nonfinite: OnNonFinite = "raise",
         save_path: str | None = None,
         lr_decay: float = 0.5,
         max_rollbacks: int = 3,

@@ -167,7 +167,7 @@ class KLAdaptivePPO(PPO):
         #: the KL penalty coefficient beta, adapted after each update phase (saved with the model)
         self.kl_beta = float(initial_kl_beta)
         # Created here, not in _setup_model, so that load() restores its counters
-        self.policy_guard = GuardedOptimizerStep("policy")
+        self.guarded_step = GuardedOptimizerStep("policy")
 
         if _init_setup_model:
             self._setup_model()
@@ -217,6 +217,11 @@ class KLAdaptivePPO(PPO):
         if isinstance(self.action_space, spaces.Discrete):
             return rollout_data.actions.long().flatten()
         return rollout_data.actions
+
+    @property
+    def skipped_updates(self) -> int:
+        """Number of optimizer steps skipped because the loss or the gradient norm was not finite."""
+        return self.guarded_step.n_skipped
 
     def train(self) -> None:
         """Update policy and value function on the rollout buffer, then adapt the KL coefficient."""
@@ -274,7 +279,7 @@ class KLAdaptivePPO(PPO):
                         print(f"Early stopping at step {epoch} due to reaching max kl: {approx_kl_div.item():.2f}")
                     break
 
-                self.policy_guard(self.policy.optimizer, loss, self.policy.parameters(), self.max_grad_norm)
+                self.guarded_step(self.policy.optimizer, loss, self.policy.parameters(), self.max_grad_norm)
 
             self._n_updates += 1
             if not continue_training:
@@ -304,7 +309,7 @@ class KLAdaptivePPO(PPO):
         self.logger.record("train/explained_variance", explained_var)
         self.logger.record("train/kl", rollout_kl)
         self.logger.record("train/kl_beta", self.kl_beta)
-        self.logger.record("train/skipped_updates", self.policy_guard.n_skipped)
+        self.logger.record("train/skipped_updates", self.skipped_updates)
         if hasattr(self.policy, "log_std"):
             self.logger.record("train/std", th.exp(self.policy.log_std).mean().item())
         self.logger.record("train/n_updates", self._n_updates, exclude="tensorboard")
