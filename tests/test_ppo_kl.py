@@ -378,11 +378,11 @@ def test_reported_failure_replayed_on_hopper_stock_ppo() -> None:
     assert not params_finite(stock)
 
 
-@pytest.mark.parametrize("mean", [12.0, 8.8])
+@pytest.mark.parametrize("mean", [12.0, 3.0])
 def test_reported_failure_replayed_on_hopper_kl_adaptive_ppo(mean: float) -> None:
     """
-    The same setup with KLAdaptivePPO: mean 12 (all saturated, as for stock PPO) and mean 8.8 (partly saturated,
-    so the censored and the density branches of the log-prob both get gradients). The log-prob is recomputed from
+    The same setup with KLAdaptivePPO: mean 12 (all saturated, as for stock PPO) and mean 3, the squashed Gaussian's
+    clipping bound (partly saturated, so the censored and the density branches of the log-prob both get gradients). The log-prob is recomputed from
     the stored squashed action alone: the first ratio is 1 and the weights stay finite.
     """
     model = _hopper(KLAdaptivePPO, mean=mean, log_std_init=-3.0 if mean > 10 else -2.0)
@@ -390,7 +390,7 @@ def test_reported_failure_replayed_on_hopper_kl_adaptive_ppo(mean: float) -> Non
     logs = RecordTrainLogs()
     model.learn(3 * HOPPER_STEPS, callback=[ratio, logs])
     saturated = (np.abs(model.rollout_buffer.actions) >= np.float32(1.0) - np.finfo(np.float32).eps).mean()
-    assert saturated > 0.5 if mean < 10 else saturated == 1.0
+    assert 0.2 < saturated < 1.0 if mean < 10 else saturated == 1.0
     assert len(ratio.before_update) == 3 and max(ratio.before_update) < 1e-3
     assert all(np.isfinite(dev) and dev < 2.0 for dev in ratio.first_epoch)
     if mean < 10:  # gradients flow: the policy does move within the first epoch

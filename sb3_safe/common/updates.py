@@ -89,10 +89,18 @@ def write_last_update_statistics(model: BaseAlgorithm, log_interval: int | None)
 
     SB3 writes the logger before each ``train()``, so the statistics of the last update are never written, and a
     run with a single update writes no ``train/`` key at all. Nothing is written with ``log_interval=None`` (no
-    logging asked for) or when nothing is pending.
+    logging asked for) or when nothing is pending. The values stay in ``model.logger.name_to_value`` afterwards, as
+    without this write (code reads them there after ``learn()``); a resumed ``learn()`` writes them once more at its
+    first logging step, where SB3 alone would write them for the first time.
 
     :param model: the algorithm whose ``learn()`` just returned
     :param log_interval: the ``log_interval`` that ``learn()`` was given
     """
-    if log_interval is not None and model.logger.name_to_value:
-        model.logger.dump(model.num_timesteps)
+    logger = model.logger
+    if log_interval is None or not logger.name_to_value:
+        return
+    values, counts, excluded = dict(logger.name_to_value), dict(logger.name_to_count), dict(logger.name_to_excluded)
+    logger.dump(model.num_timesteps)
+    logger.name_to_value.update(values)
+    logger.name_to_count.update(counts)
+    logger.name_to_excluded.update(excluded)
