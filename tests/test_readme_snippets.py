@@ -1,0 +1,295 @@
+"""
+Every fenced code block of the README runs as written, so that a snippet that fails for a reader fails CI.
+
+Python blocks run in this process, each in a fresh namespace and a temporary working directory; bash blocks run their
+commands as subprocesses, in order, in one working directory per block. Only the budget differs from what the README
+says, and only here, never in library code: :func:`apply_budget` caps the timesteps of every ``learn()`` and the
+rollout / batch sizes of the SB3 constructors, in this process (monkeypatch) and in every Python process a command
+starts (a ``sitecustomize`` module on ``PYTHONPATH``); the commands also get small ``-n`` / ``--n-trials`` /
+``--eval-episodes`` values.
+"""
+
+import functools
+import inspect
+import os
+import re
+import shlex
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import gymnasium.envs.registration
+import pytest
+from stable_baselines3 import PPO
+from stable_baselines3.common.base_class import BaseAlgorithm
+from stable_baselines3.common.off_policy_algorithm import OffPolicyAlgorithm
+from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+# The console scripts and the interpreter of the environment that runs the tests (.venv/bin)
+BIN = Path(sys.executable).parent
+
+#: the most timesteps any learn() of a snippet trains
+MAX_TIMESTEPS = 64
+#: caps of constructor arguments: a few small updates instead of rollouts of thousands of steps
+CONSTRUCTOR_CAPS: dict[type[BaseAlgorithm], dict[str, int]] = {
+    # PPO, A2C and their subclasses (KLAdaptivePPO, SafeA2C) pass n_steps on to OnPolicyAlgorithm
+    OnPolicyAlgorithm: {"n_steps": 16},
+    PPO: {"batch_size": 16, "n_epochs": 1},
+    # SAC, TD3, DQN: gradient steps start within the budget
+    OffPolicyAlgorithm: {"learning_starts": 16},
+}
+#: the commands' budget: -n for train and enjoy, episodes of sb3-safe's final evaluation and of rl_zoo3's trial evaluation
+COMMAND_TIMESTEPS = str(MAX_TIMESTEPS)
+EVAL_EPISODES = "1"
+#: rl-zoo's Atari entries use 8 or 16 environments of a CNN policy; enough to check the command, 16 took 40 s here
+ATARI_N_ENVS = 2
+#: seconds after which a README command counts as hung
+COMMAND_TIMEOUT = 600
+
+
+# ----- the budget override -----
+
+
+def _capped_init(init: Callable[..., None], caps: dict[str, int]) -> Callable[..., None]:
+    signature = inspect.signature(init)
+
+    @functools.wraps(init)
+    def capped_init(*args: Any, **kwargs: Any) -> None:
+        # Bound, so that positional, keyword and default values are all capped
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        for name, cap in caps.items():
+            bound.arguments[name] = min(bound.arguments[name], cap)
+        init(*bound.args, **bound.kwargs)
+
+    return capped_init
+
+
+def _capped_setup_learn(setup_learn: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(setup_learn)
+    def capped_setup_learn(self: BaseAlgorithm, total_timesteps: int, *args: Any, **kwargs: Any) -> Any:
+        return setup_learn(self, min(total_timesteps, MAX_TIMESTEPS), *args, **kwargs)
+
+    return capped_setup_learn
+
+
+def apply_budget(patch: Callable[[Any, str, Any], None]) -> None:
+    """
+    Cap the budget of every SB3 algorithm, whatever the snippet asks for.
+
+    :param patch: sets an attribute: ``monkeypatch.setattr`` in the tests, ``setattr`` in the commands' processes
+    """
+    # Every algorithm's learn() (PPO, A2C, SAC ... and the subclasses) passes its total_timesteps through here
+    patch(BaseAlgorithm, "_setup_learn", _capped_setup_learn(vars(BaseAlgorithm)["_setup_learn"]))
+    for cls, caps in CONSTRUCTOR_CAPS.items():
+        # Patched on the class that takes the argument, the subclasses' super().__init__() calls reach it too
+        patch(cls, "__init__", _capped_init(vars(cls)["__init__"], caps))
+
+
+# Imported at startup by every Python process of a command (train, the evaluation, SubprocVecEnv's workers)
+SITECUSTOMIZE = f"""\
+# Written by {Path(__file__).name}: the README commands' budget override
+import sys
+
+sys.path.insert(0, {str(Path(__file__).parent)!r})
+from {Path(__file__).stem} import apply_budget
+
+sys.path.pop(0)
+apply_budget(setattr)
+"""
+
+
+# ----- the README's blocks -----
+
+
+@dataclass(frozen=True)
+class Block:
+    """A fenced code block of the README."""
+
+    #: 1-based position among the README's blocks
+    index: int
+    language: str
+    code: str
+    #: README line of the opening fence
+    line: int
+    #: the heading of the section it is in
+    section: str
+    #: the paragraph just before it
+    lead: str
+
+    @property
+    def lines(self) -> list[str]:
+        """The non-empty lines that are not only a comment."""
+        return [line for line in self.code.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+
+    @property
+    def test_id(self) -> str:
+        first = self.lines[0].strip() if self.lines else "(empty)"
+        return f"{self.index}-{first[:70].rstrip()}"
+
+
+def readme_blocks() -> list[Block]:
+    text = README.read_text(encoding="utf-8")
+    blocks = []
+    for index, match in enumerate(re.finditer(r"^```(\w*)\n(.*?)^```", text, flags=re.MULTILINE | re.DOTALL), 1):
+        before = text[: match.start()]
+        headings = re.findall(r"^#+ (.*)$", before, flags=re.MULTILINE)
+        paragraphs = [paragraph for paragraph in before.split("\n\n") if paragraph.strip()]
+        blocks.append(
+            Block(
+                index=index,
+                language=match.group(1),
+                code=match.group(2),
+                line=before.count("\n") + 1,
+                section=headings[-1] if headings else "",
+                lead=paragraphs[-1] if paragraphs else "",
+            )
+        )
+    return blocks
+
+
+BLOCKS = readme_blocks()
+
+
+def is_quickstart(block: Block) -> bool:
+    """The first bash block under the Quickstart heading."""
+    quickstart = [b for b in BLOCKS if b.language == "bash" and re.search(r"quick ?start", b.section, re.IGNORECASE)]
+    return bool(quickstart) and block == quickstart[0]
+
+
+def block_params(language: str) -> list[Any]:
+    params = []
+    for block in BLOCKS:
+        if block.language != language:
+            continue
+        marks = []
+        if is_quickstart(block):
+            # CI runs this block itself (.ci/run; its second command is this very test suite, tests/test_readme.py
+            # checks that): running it here would set up the environment and start the suite again from inside it
+            marks.append(pytest.mark.skip(reason="CI runs the Quickstart block itself"))
+        params.append(pytest.param(block, id=block.test_id, marks=marks))
+    return params
+
+
+def test_every_block_is_run() -> None:
+    # A block in another language would be silently untested: teach this file to run it
+    assert BLOCKS, "no fenced code block found in README.md"
+    others = [
+        f"block {b.index} (README line {b.line}): ```{b.language}" for b in BLOCKS if b.language not in ("python", "bash")
+    ]
+    assert not others, f"only python and bash blocks are run: {others}"
+
+
+# ----- python blocks -----
+
+
+@pytest.fixture
+def fresh_gym_registry(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """
+    The environment registry of a fresh process: no Atari ids until the snippet imports ale_py itself. Another test
+    of this process (rl_zoo3 imports ale_py) would otherwise hide a snippet that forgot to.
+    """
+    registry = gymnasium.envs.registration.registry
+    fresh = {env_id: spec for env_id, spec in registry.items() if not str(spec.entry_point).startswith("ale_py")}
+    for module in (gymnasium.envs.registration, gym, gym.envs):
+        monkeypatch.setattr(module, "registry", fresh)
+    # ale_py registers its ids when its package runs: the snippet's import runs it again (submodules stay loaded)
+    ale_py = sys.modules.pop("ale_py", None)
+    yield
+    # As before: a package imported only by the snippet registered into the discarded registry, so a later import
+    # of another test must run it again
+    sys.modules.pop("ale_py", None)
+    if ale_py is not None:
+        sys.modules["ale_py"] = ale_py
+
+
+@pytest.mark.parametrize("block", block_params("python"))
+def test_python_block(block: Block, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fresh_gym_registry: None) -> None:
+    apply_budget(monkeypatch.setattr)
+    # Files the snippet saves (model.save, the guard's save_path, MuJoCo's log) go to the temporary folder
+    monkeypatch.chdir(tmp_path)
+    # Padded to the fence's line: a traceback names the README's own line
+    code = compile("\n" * block.line + block.code, str(README), "exec")
+    exec(code, {"__name__": "__main__"})
+
+
+# ----- bash blocks -----
+
+
+def _set_option(args: list[str], names: tuple[str, ...], value: str) -> list[str]:
+    """The option's value replaced, or the option added with the value."""
+    args = list(args)
+    for i, arg in enumerate(args):
+        if arg in names:
+            args[i + 1] = value
+            return args
+    return [*args, names[0], value]
+
+
+def _option(args: list[str], names: tuple[str, ...]) -> str | None:
+    return next((args[i + 1] for i, arg in enumerate(args[:-1]) if arg in names), None)
+
+
+def budget_command(line: str, trials_needed: int, log_folder: Path | None) -> list[str]:
+    """
+    A README command line as argv, run by this environment's executables with a small budget.
+
+    :param line: the command as the README shows it
+    :param trials_needed: for ``-optimize``: the study needs as many trials as the block's ``--trial-id`` reads
+    :param log_folder: where to write the runs instead of the README's log folder (None: as the README says)
+    :return: the argv
+    """
+    program, *args = shlex.split(line, comments=True)
+    executables = {"sb3-safe": str(BIN / "sb3-safe"), "python": sys.executable}
+    assert program in executables, f"no runner for {program!r}: teach budget_command this program"
+    zoo_command = "enjoy" if "enjoy" in args or "rl_zoo3.enjoy" in args else "train"
+    args = _set_option(args, ("-n", "--n-timesteps"), COMMAND_TIMESTEPS)
+    if zoo_command == "train":
+        args = _set_option(args, ("--eval-episodes",), EVAL_EPISODES)
+        if "-optimize" in args or "--optimize-hyperparameters" in args:
+            n_trials = int(_option(args, ("--n-trials",)) or trials_needed)
+            args = _set_option(args, ("--n-trials",), str(min(n_trials, trials_needed)))
+        env_id = _option(args, ("--env",)) or ""
+        if "NoFrameskip" in env_id or env_id.startswith("ALE/"):
+            # Added to the command's --hyperparams if it has some: a second option would replace the first
+            flag = next((arg for arg in args if arg in ("--hyperparams", "-params")), None)
+            position = args.index(flag) + 1 if flag else len(args)
+            args[position:position] = [f"n_envs:{ATARI_N_ENVS}"] if flag else ["--hyperparams", f"n_envs:{ATARI_N_ENVS}"]
+    if log_folder is not None:
+        args = _set_option(args, ("-f", "--log-folder", "--folder"), str(log_folder))
+    return [executables[program], *args]
+
+
+@pytest.fixture(scope="module")
+def command_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """The commands' environment: the budget override, one torch thread, rendering without a display."""
+    folder = tmp_path_factory.mktemp("budget")
+    (folder / "sitecustomize.py").write_text(SITECUSTOMIZE, encoding="utf-8")
+    python_path = os.pathsep.join(filter(None, [str(folder), os.environ.get("PYTHONPATH")]))
+    # One thread, as conftest.py sets in-process: threads fighting over 2 cores slow small networks several times
+    return {**os.environ, "PYTHONPATH": python_path, "OMP_NUM_THREADS": "1", "SDL_VIDEODRIVER": "dummy"}
+
+
+@pytest.mark.parametrize("block", block_params("bash"))
+def test_bash_block(block: Block, tmp_path: Path, command_env: dict[str, str]) -> None:
+    # A command the README runs from the repository root (a relative path into the checkout) runs there, writing
+    # its runs into the temporary folder; the others run in the temporary folder, where their relative paths
+    # (the log folder an enjoy line reads from the train line before it, a study's database) work as written
+    from_root = "repository root" in block.lead or "repository root" in block.code
+    cwd = ROOT if from_root else tmp_path
+    trial_ids = [int(trial) for trial in re.findall(r"--trial-id[ =](\d+)", block.code)]
+    trials_needed = max([1, *trial_ids]) + 1
+    for line in block.lines:
+        argv = budget_command(line, trials_needed, tmp_path / "logs" if from_root else None)
+        result = subprocess.run(argv, cwd=cwd, env=command_env, capture_output=True, text=True, timeout=COMMAND_TIMEOUT)
+        ran = f"README line: {line}\nran: {shlex.join(argv)}\nin: {cwd}\n"
+        assert result.returncode == 0, (
+            f"{ran}exit status {result.returncode}\n{result.stdout[-2000:]}\n{result.stderr[-6000:]}"
+        )
+        assert "Traceback" not in result.stderr, f"{ran}{result.stderr[-6000:]}"
