@@ -4,8 +4,20 @@ from pathlib import Path
 
 from sb3_safe.a2c_safe import SafeA2C
 from sb3_safe.common.callbacks import NonFiniteGuardCallback, NonFiniteGuardWarning, NumericsMonitorCallback
+from sb3_safe.common.maskable import (
+    SafeMaskableActorCriticPolicy,
+    SafeMaskableCnnPolicy,
+    SafeMaskableMlpPolicy,
+    SafeMaskableMultiInputPolicy,
+)
 from sb3_safe.common.numerics import NonFiniteError
 from sb3_safe.common.policies import SafeActorCriticPolicy, SafeCnnPolicy, SafeMlpPolicy, SafeMultiInputPolicy
+from sb3_safe.common.recurrent import (
+    SafeCnnLstmPolicy,
+    SafeMlpLstmPolicy,
+    SafeMultiInputLstmPolicy,
+    SafeRecurrentActorCriticPolicy,
+)
 from sb3_safe.ppo_kl import KLAdaptivePPO
 
 __version__ = (Path(__file__).parent / "version.txt").read_text(encoding="utf-8").strip()
@@ -18,8 +30,16 @@ __all__ = [
     "NumericsMonitorCallback",
     "SafeA2C",
     "SafeActorCriticPolicy",
+    "SafeCnnLstmPolicy",
     "SafeCnnPolicy",
+    "SafeMaskableActorCriticPolicy",
+    "SafeMaskableCnnPolicy",
+    "SafeMaskableMlpPolicy",
+    "SafeMaskableMultiInputPolicy",
+    "SafeMlpLstmPolicy",
     "SafeMlpPolicy",
+    "SafeMultiInputLstmPolicy",
     "SafeMultiInputPolicy",
+    "SafeRecurrentActorCriticPolicy",
     "__version__",
 ]

@@ -28,6 +28,7 @@ from sb3_safe.common.distributions import DEFAULT_LOG_STD_RANGE
 from sb3_safe.common.exploration import STOCK_LOG_STD_RANGE
 from sb3_safe.common.numerics import NonFiniteTensor, find_nonfinite
 from sb3_safe.common.policies import SafeActorCriticPolicy, SafeCnnPolicy, SafeMultiInputPolicy
+from sb3_safe.common.recurrent import SafeCnnLstmPolicy, SafeMultiInputLstmPolicy, SafeRecurrentActorCriticPolicy
 
 EXIT_HEALTHY = 0
 EXIT_UNHEALTHY = 1
@@ -39,7 +40,15 @@ WEIGHT_LIMIT = 1e4
 #: sb3-safe's policies (as ``module.Name``): their log-std stays in their ``log_std_range``, by default
 #: DEFAULT_LOG_STD_RANGE
 _SAFE_POLICIES = frozenset(
-    f"{cls.__module__}.{cls.__name__}" for cls in (SafeActorCriticPolicy, SafeCnnPolicy, SafeMultiInputPolicy)
+    f"{cls.__module__}.{cls.__name__}"
+    for cls in (
+        SafeActorCriticPolicy,
+        SafeCnnPolicy,
+        SafeMultiInputPolicy,
+        SafeRecurrentActorCriticPolicy,
+        SafeCnnLstmPolicy,
+        SafeMultiInputLstmPolicy,
+    )
 )
 
 

@@ -55,6 +55,9 @@ from sb3_safe.ppo_kl import KLAdaptivePPO
 
 #: sb3-safe's algorithms under their zoo names
 ZOO_ALGOS: dict[str, type[BaseAlgorithm]] = {"kl_ppo": KLAdaptivePPO, "safe_a2c": SafeA2C}
+#: Stock zoo algorithms that also train with their packaged configuration without ``--conf-file``: RecurrentPPO
+#: with sb3-safe's recurrent policies (rl_zoo3's own ppo_lstm.yml names a policy RecurrentPPO lacks in "default")
+PACKAGED_BY_DEFAULT = ("ppo_lstm",)
 #: the packaged zoo configurations, one ``<algo>.yml`` per algorithm
 CONFIG_DIR = Path(__file__).parent / "zoo_configs"
 #: file name of the learning curve written into the run folder
@@ -623,10 +626,10 @@ def train(zoo_args: Sequence[str], report: bool = True) -> RunReport | None:
     """
     Run rl_zoo3's trainer (``python -m rl_zoo3.train``) with sb3-safe's algorithms registered.
 
-    Without ``--conf-file``, ``kl_ppo`` and ``safe_a2c`` use the packaged ``zoo_configs/<algo>.yml``. Bad input
-    fails before training: the options, the configuration file and its entry for the environment, the trial of
-    ``--trial-id``, the types of the hyperparameters, and whatever the callbacks, wrappers, environments and the
-    model reject when rl_zoo3 builds them.
+    Without ``--conf-file``, ``kl_ppo``, ``safe_a2c`` and ``ppo_lstm`` use the packaged ``zoo_configs/<algo>.yml``.
+    Bad input fails before training: the options, the configuration file and its entry for the environment, the
+    trial of ``--trial-id``, the types of the hyperparameters, and whatever the callbacks, wrappers, environments and
+    the model reject when rl_zoo3 builds them.
 
     :param zoo_args: ``rl_zoo3.train``'s command-line arguments
     :param report: after a training run (not ``-optimize``), write a learning-curve PNG next to the saved
@@ -636,7 +639,7 @@ def train(zoo_args: Sequence[str], report: bool = True) -> RunReport | None:
     """
     options = _checked_options("train", zoo_args)
     zoo_args = list(zoo_args)
-    if options.conf_file is None and options.algo in ZOO_ALGOS:
+    if options.conf_file is None and (options.algo in ZOO_ALGOS or options.algo in PACKAGED_BY_DEFAULT):
         options.conf_file = str(config_path(options.algo))
         zoo_args += ["--conf-file", options.conf_file]
     # Without one, the stock algorithms read rl_zoo3's own files

@@ -583,3 +583,23 @@ def test_exploration_collapse_is_reported_once(callback_class: type, tmp_path: A
     fractions = [row.split(",") for row in (tmp_path / "progress.csv").read_text().splitlines()]
     column = fractions[0].index("train/log_std_at_bound_fraction")
     assert {float(row[column]) for row in fractions[1:] if row[column]} == {1.0}
+
+
+@pytest.mark.parametrize("algo", [PPO, RecurrentPPO])
+def test_rollback_of_nan_normalization_renormalizes_the_step_it_made(algo: type[BaseAlgorithm]) -> None:
+    """The observation normalized with the bad statistics is the next one the policy acts on (and feeds its LSTM)."""
+
+    def nan_obs_mean(model: BaseAlgorithm) -> None:
+        model.get_vec_normalize_env().obs_rms.mean[1] = math.nan
+
+    env = VecNormalize(DummyVecEnv([lambda: FaultyEnv(continuous=True)]))
+    policy = "MlpLstmPolicy" if algo is RecurrentPPO else "MlpPolicy"
+    kwargs = dict(net_arch=[16], lstm_hidden_size=8) if algo is RecurrentPPO else tiny()
+    model = algo(policy, env, n_steps=16, batch_size=16, n_epochs=1, policy_kwargs=kwargs, seed=0, device="cpu")
+    guard = NonFiniteGuardCallback(on_nonfinite="rollback")
+    model.learn(96, callback=[CorruptAtTimestep(21, nan_obs_mean), guard])
+
+    assert model.num_timesteps == 96 and guard.n_rollbacks == 1 and guard.events[0].source == "normalization"
+    assert np.isfinite(model._last_obs).all() and all_finite(model)
+    if algo is RecurrentPPO:
+        assert all(bool(th.isfinite(state).all()) for states in model._last_lstm_states for state in states)

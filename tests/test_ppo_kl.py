@@ -381,9 +381,10 @@ def test_reported_failure_replayed_on_hopper_stock_ppo() -> None:
 @pytest.mark.parametrize("mean", [12.0, 3.0])
 def test_reported_failure_replayed_on_hopper_kl_adaptive_ppo(mean: float) -> None:
     """
-    The same setup with KLAdaptivePPO: mean 12 (all saturated, as for stock PPO) and mean 3, the squashed Gaussian's
-    clipping bound (partly saturated, so the censored and the density branches of the log-prob both get gradients). The log-prob is recomputed from
-    the stored squashed action alone: the first ratio is 1 and the weights stay finite.
+    The same setup with KLAdaptivePPO: mean 12 (all saturated, as for stock PPO) and mean 3, the squashed
+    Gaussian's clipping bound (partly saturated, so the censored and the density branches of the log-prob both get
+    gradients). The log-prob is recomputed from the stored squashed action alone: the first ratio is 1 and the weights
+    stay finite.
     """
     model = _hopper(KLAdaptivePPO, mean=mean, log_std_init=-3.0 if mean > 10 else -2.0)
     ratio = FirstEpochRatio(HOPPER_STEPS // HOPPER_BATCH)

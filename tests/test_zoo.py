@@ -93,9 +93,11 @@ def test_configs_cover_the_required_environments() -> None:
 def test_top_level_zoo_configs_is_the_packaged_folder() -> None:
     # One copy: the repository's zoo_configs/ is the package's folder
     assert (ROOT / "zoo_configs").resolve() == CONFIG_DIR.resolve()
-    assert sorted(path.name for path in (ROOT / "zoo_configs").glob("*.yml")) == sorted(f"{a}.yml" for a in CONFIG_ALGOS)
+    packaged = (*CONFIG_ALGOS, "ppo_lstm")
+    assert sorted(path.name for path in (ROOT / "zoo_configs").glob("*.yml")) == sorted(f"{a}.yml" for a in packaged)
     assert config_path("kl_ppo") == CONFIG_DIR / "kl_ppo.yml"
-    with pytest.raises(ZooUsageError, match=r"no packaged configuration for 'sac'; available: a2c, kl_ppo, ppo, safe_a2c"):
+    available = "a2c, kl_ppo, ppo, ppo_lstm, safe_a2c"
+    with pytest.raises(ZooUsageError, match=rf"no packaged configuration for 'sac'; available: {available}"):
         config_path("sac")
 
 
@@ -275,7 +277,7 @@ def test_non_editable_install_ships_the_configs(tmp_path: Path) -> None:
     (wheel,) = (tmp_path / "dist").glob("sb3_safe-*.whl")
     with zipfile.ZipFile(wheel) as archive:
         shipped = sorted(name for name in archive.namelist() if name.endswith(".yml"))
-    assert shipped == [f"sb3_safe/zoo_configs/{algo}.yml" for algo in sorted(CONFIG_ALGOS)]
+    assert shipped == [f"sb3_safe/zoo_configs/{algo}.yml" for algo in sorted((*CONFIG_ALGOS, "ppo_lstm"))]
 
     target = tmp_path / "site"
     subprocess.run([*pip, "install", "--no-deps", "--target", str(target), str(wheel)], check=True)

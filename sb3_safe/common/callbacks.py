@@ -562,6 +562,23 @@ class NonFiniteGuardCallback(BaseCallback):
         named = _per_env("normalized observation", self.locals["new_obs"])
         normalized = find_nonfinite(named + _per_env("normalized reward", self.locals["rewards"]))
         self._handle(NORMALIZATION, "env step", self._locate_vec_normalize() + normalized)
+        if not self._stopping:  # rolled back
+            self._renormalize_step_data()
+
+    def _renormalize_step_data(self) -> None:
+        """
+        Normalize this step's data again with the restored statistics: the observation is the next one the policy
+        acts on (and, in a recurrent policy, feeds its LSTM state), the reward goes into the rollout buffer.
+        """
+        venv = self._vec_normalize
+        new_obs, rewards = self.locals["new_obs"], self.locals["rewards"]
+        normalized = venv.normalize_obs(venv.get_original_obs())
+        if isinstance(new_obs, dict):
+            for key in new_obs:
+                new_obs[key][...] = normalized[key]
+        else:
+            new_obs[...] = normalized
+        rewards[...] = venv.normalize_reward(venv.get_original_reward())
 
     # ----- reacting -----
 

@@ -66,7 +66,8 @@ _LOG_TANH_BOUND = math.log(TANH_BOUND)
 _SMALLEST_VARIANCE = math.exp(-2 * LOG_STD_LIMIT)
 _LARGEST_VARIANCE = math.exp(2 * LOG_STD_LIMIT)
 _SQRT_HALF = math.sqrt(0.5)
-_NONFINITE_OUTPUT_HINT = (
+#: What a non-finite network output means, appended to the NonFiniteError the distributions raise
+NONFINITE_OUTPUT_HINT = (
     "The policy network produced it from finite inputs, so its weights are probably NaN/inf already "
     "(find them with NonFiniteGuardCallback or `sb3-safe doctor`). Likely causes: learning rate too high, "
     "unnormalized rewards or observations (use VecNormalize)."
@@ -272,8 +273,8 @@ class BoundedDiagGaussianDistribution(DiagGaussianDistribution):
         :param log_std: log standard deviation, clamped to ``log_std_range``
         :raises NonFiniteError: if the mean or the log-std holds NaN or inf
         """
-        check_finite("policy output mean", mean_actions, _NONFINITE_OUTPUT_HINT)
-        check_finite("policy log_std", log_std, _NONFINITE_OUTPUT_HINT)
+        check_finite("policy output mean", mean_actions, NONFINITE_OUTPUT_HINT)
+        check_finite("policy log_std", log_std, NONFINITE_OUTPUT_HINT)
         self.bounded_log_std = log_std.clamp(*self.log_std_range).expand_as(mean_actions)
         self.distribution = Normal(mean_actions, self.bounded_log_std.exp(), validate_args=False)
         return self
@@ -343,7 +344,7 @@ class BoundedStateDependentNoiseDistribution(StateDependentNoiseDistribution):
         self._fresh_noise: th.Tensor
 
     def get_std(self, log_std: th.Tensor) -> th.Tensor:
-        check_finite("policy log_std", log_std, _NONFINITE_OUTPUT_HINT)
+        check_finite("policy log_std", log_std, NONFINITE_OUTPUT_HINT)
         return super().get_std(log_std.clamp(*self.log_std_range))
 
     def proba_distribution(
@@ -357,8 +358,8 @@ class BoundedStateDependentNoiseDistribution(StateDependentNoiseDistribution):
         :param latent_sde: the latent features the noise is computed from
         :raises NonFiniteError: if the mean, the latent features or the log-std holds NaN or inf
         """
-        check_finite("policy output mean", mean_actions, _NONFINITE_OUTPUT_HINT)
-        check_finite("policy gSDE features", latent_sde, _NONFINITE_OUTPUT_HINT)
+        check_finite("policy output mean", mean_actions, NONFINITE_OUTPUT_HINT)
+        check_finite("policy gSDE features", latent_sde, NONFINITE_OUTPUT_HINT)
         self._latent_sde = latent_sde if self.learn_features else latent_sde.detach()
         # float64: the gradient of log(variance) passes through 1 / variance, which overflows float32 for tiny stds
         variance = th.mm(self._latent_sde.double() ** 2, self.get_std(log_std.double()) ** 2)
@@ -411,7 +412,7 @@ class SafeCategoricalDistribution(CategoricalDistribution):
         self.logit_bound = validate_logit_bound(logit_bound)
 
     def proba_distribution(self: SelfSafeCategorical, action_logits: th.Tensor) -> SelfSafeCategorical:
-        check_finite("policy output logits", action_logits, _NONFINITE_OUTPUT_HINT)
+        check_finite("policy output logits", action_logits, NONFINITE_OUTPUT_HINT)
         self.distribution = Categorical(logits=bound_logits(action_logits, self.logit_bound), validate_args=False)
         return self
 
@@ -429,7 +430,7 @@ class SafeMultiCategoricalDistribution(MultiCategoricalDistribution):
         self.logit_bound = validate_logit_bound(logit_bound)
 
     def proba_distribution(self: SelfSafeMultiCategorical, action_logits: th.Tensor) -> SelfSafeMultiCategorical:
-        check_finite("policy output logits", action_logits, _NONFINITE_OUTPUT_HINT)
+        check_finite("policy output logits", action_logits, NONFINITE_OUTPUT_HINT)
         bounded = bound_logits(action_logits, self.logit_bound)
         self.distribution = [
             Categorical(logits=split, validate_args=False) for split in th.split(bounded, list(self.action_dims), dim=1)
@@ -451,7 +452,7 @@ class SafeBernoulliDistribution(BernoulliDistribution):
         self.logit_bound = validate_logit_bound(logit_bound)
 
     def proba_distribution(self: SelfSafeBernoulli, action_logits: th.Tensor) -> SelfSafeBernoulli:
-        check_finite("policy output logits", action_logits, _NONFINITE_OUTPUT_HINT)
+        check_finite("policy output logits", action_logits, NONFINITE_OUTPUT_HINT)
         self.distribution = Bernoulli(logits=bound_logits(action_logits, self.logit_bound), validate_args=False)
         return self
 

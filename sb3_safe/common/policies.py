@@ -2,15 +2,19 @@
 
 import inspect
 import warnings
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch as th
 from gymnasium import spaces
-from stable_baselines3.common.distributions import Distribution
-from stable_baselines3.common.policies import ActorCriticCnnPolicy, ActorCriticPolicy, MultiInputActorCriticPolicy
+from stable_baselines3.common.policies import (
+    ActorCriticCnnPolicy,
+    ActorCriticPolicy,
+    BasePolicy,
+    MultiInputActorCriticPolicy,
+)
 from stable_baselines3.common.torch_layers import CombinedExtractor, NatureCNN
-from stable_baselines3.common.type_aliases import PyTorchObs, Schedule
+from stable_baselines3.common.type_aliases import Schedule
 
 from sb3_safe.common.distributions import (
     DEFAULT_LOG_STD_RANGE,
@@ -21,7 +25,123 @@ from sb3_safe.common.distributions import (
 )
 
 
-class SafeActorCriticPolicy(ActorCriticPolicy):
+class SafeDistributionMixin(BasePolicy):
+    """
+    What makes an SB3 / sb3-contrib policy family numerically safe, shared by all of sb3-safe's policies
+    (actor-critic, recurrent, maskable). List it first in the bases, before the SB3 policy it makes safe:
+    ``class SafeX(SafeDistributionMixin, X)``. The family class provides:
+
+    - a constructor that calls :meth:`_init_safe_arguments` before SB3's constructor (whose ``_build`` needs them);
+    - :meth:`_set_safe_action_dist`, which sets the safe action distribution;
+    - :attr:`safe_keywords`, its constructor keywords beyond those of ``X``.
+
+    The mixin gives, whatever the family:
+
+    - ``_build``: the safe distribution replaces SB3's before the networks are built on it, and the optimizer is
+      built with ``foreach=True`` where the caller chose no implementation (:func:`prefer_foreach`);
+    - :attr:`optimizer`: every optimizer assigned to the policy (SB3's, the one sb3-contrib's recurrent policy
+      rebuilds in its constructor, a user's) projects the log-std parameter after each of its steps;
+    - :meth:`project_log_std`, also run by ``get_distribution`` (whatever its signature) and ``set_training_mode``;
+    - ``_get_constructor_parameters`` saving :attr:`safe_keywords`, so ``save`` / ``load`` restore them.
+    """
+
+    #: Constructor keywords the family adds to its SB3 policy's, saved with the policy (read back as attributes)
+    safe_keywords: ClassVar[tuple[str, ...]] = ("log_std_range", "logit_bound", "squash_output")
+
+    log_std_range: tuple[float, float]
+    logit_bound: float | None
+    _tanh_squash: bool
+
+    def _init_safe_arguments(
+        self,
+        action_space: spaces.Space,
+        log_std_range: tuple[float, float] = DEFAULT_LOG_STD_RANGE,
+        logit_bound: float | None = DEFAULT_LOGIT_BOUND,
+        squash_output: bool = False,
+        use_sde: bool = False,
+    ) -> bool:
+        """
+        Check and store the safe keywords. Called before SB3's constructor, whose ``_build`` builds the
+        distribution from them (plain attributes can be set on a torch module before ``Module.__init__``).
+
+        :param action_space: the policy's action space
+        :param log_std_range: see :class:`SafeActorCriticPolicy`
+        :param logit_bound: see :class:`SafeActorCriticPolicy`
+        :param squash_output: see :class:`SafeActorCriticPolicy`
+        :param use_sde: whether gSDE is used
+        :return: the ``squash_output`` to pass to SB3's constructor: SB3 squashes only with gSDE, without it the
+            squashed Gaussian is sb3-safe's
+        :raises ValueError: naming the argument, for a setting outside its allowed values
+        """
+        if squash_output:
+            if not isinstance(action_space, spaces.Box):
+                raise ValueError(f"squash_output=True needs a Box action space, got {action_space}")
+            if not (np.all(np.isfinite(action_space.low)) and np.all(np.isfinite(action_space.high))):
+                raise ValueError(f"squash_output=True needs finite Box bounds to rescale to, got {action_space}")
+        self.log_std_range = validate_log_std_range(log_std_range)
+        self.logit_bound = validate_logit_bound(logit_bound)
+        warn_about_arguments_without_effect(action_space, self.log_std_range, self.logit_bound)
+        self._tanh_squash = squash_output and not use_sde
+        return squash_output and use_sde
+
+    def _set_safe_action_dist(self) -> None:
+        """Set ``action_dist`` to the family's safe distribution, from the arguments :meth:`_init_safe_arguments` stored."""
+        raise NotImplementedError
+
+    def _build(self, lr_schedule: Schedule) -> None:
+        self.optimizer_kwargs = prefer_foreach(self.optimizer_class, self.optimizer_kwargs)
+        # SB3's constructors set their own distribution just before calling _build, which builds the networks on it
+        self._set_safe_action_dist()
+        super()._build(lr_schedule)  # type: ignore[misc]  # the SB3 policy next in the MRO has it
+
+    @property
+    def optimizer(self) -> th.optim.Optimizer:
+        """
+        The policy's optimizer. Any optimizer assigned here (SB3 builds one in ``_build``, sb3-contrib's recurrent
+        policy and user code may replace it) projects the log-std parameter after each of its steps.
+        """
+        return self._optimizer
+
+    @optimizer.setter
+    def optimizer(self, optimizer: th.optim.Optimizer) -> None:
+        self._optimizer = optimizer
+        if isinstance(getattr(self, "log_std", None), th.nn.Parameter):
+            optimizer.register_step_post_hook(self._project_after_step)
+
+    def project_log_std(self) -> None:
+        """
+        Clamp the log-std parameter into ``log_std_range``, where the clamp in the distribution passes its gradient
+        (outside, it would be a dead zone with zero gradient). Policies without one (discrete actions) have nothing
+        to project.
+
+        Runs after every step of :attr:`optimizer`, before each distribution ``get_distribution`` builds (sb3-contrib
+        TRPO's line search sets the parameters and then calls it), and at each ``set_training_mode`` (the start
+        of every rollout and update phase, whatever changed the parameters in between).
+        """
+        log_std = getattr(self, "log_std", None)
+        if isinstance(log_std, th.nn.Parameter):
+            with th.no_grad():
+                log_std.clamp_(*self.log_std_range)
+
+    def _project_after_step(self, optimizer: th.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        self.project_log_std()
+
+    def get_distribution(self, *args: Any, **kwargs: Any) -> Any:
+        # Signatures differ between the families: (obs), (obs, action_masks), (obs, lstm_states, episode_starts)
+        self.project_log_std()
+        return super().get_distribution(*args, **kwargs)  # type: ignore[misc]  # the SB3 policy next in the MRO has it
+
+    def set_training_mode(self, mode: bool) -> None:
+        self.project_log_std()
+        super().set_training_mode(mode)
+
+    def _get_constructor_parameters(self) -> dict[str, Any]:
+        data = super()._get_constructor_parameters()
+        data.update({keyword: getattr(self, keyword) for keyword in self.safe_keywords})
+        return data
+
+
+class SafeActorCriticPolicy(SafeDistributionMixin, ActorCriticPolicy):
     """
     SB3's ``ActorCriticPolicy`` (``"MlpPolicy"``) with action distributions that cannot become non-finite.
 
@@ -55,24 +175,13 @@ class SafeActorCriticPolicy(ActorCriticPolicy):
         use_sde: bool = False,
         **kwargs: Any,
     ):
-        if squash_output:
-            if not isinstance(action_space, spaces.Box):
-                raise ValueError(f"squash_output=True needs a Box action space, got {action_space}")
-            if not (np.all(np.isfinite(action_space.low)) and np.all(np.isfinite(action_space.high))):
-                raise ValueError(f"squash_output=True needs finite Box bounds to rescale to, got {action_space}")
-        # SB3's constructor builds the networks and the distribution (in _build), which needs these first
-        self.log_std_range = validate_log_std_range(log_std_range)
-        self.logit_bound = validate_logit_bound(logit_bound)
-        warn_about_arguments_without_effect(action_space, self.log_std_range, self.logit_bound)
-        self._tanh_squash = squash_output and not use_sde
-        # SB3 squashes only with gSDE; without it, the squashed Gaussian is ours
+        sb3_squash_output = self._init_safe_arguments(action_space, log_std_range, logit_bound, squash_output, use_sde)
         super().__init__(
-            observation_space, action_space, lr_schedule, squash_output=squash_output and use_sde, use_sde=use_sde, **kwargs
+            observation_space, action_space, lr_schedule, squash_output=sb3_squash_output, use_sde=use_sde, **kwargs
         )
         self._squash_output = squash_output
 
-    def _build(self, lr_schedule: Schedule) -> None:
-        self.optimizer_kwargs = prefer_foreach(self.optimizer_class, self.optimizer_kwargs)
+    def _set_safe_action_dist(self) -> None:
         self.action_dist = make_safe_distribution(
             self.action_space,
             log_std_range=self.log_std_range,
@@ -81,50 +190,6 @@ class SafeActorCriticPolicy(ActorCriticPolicy):
             use_sde=self.use_sde,
             dist_kwargs=self.dist_kwargs,
         )
-        super()._build(lr_schedule)
-
-    @property
-    def optimizer(self) -> th.optim.Optimizer:
-        """
-        The policy's optimizer. Any optimizer assigned here (SB3 builds one in ``_build``, sb3-contrib's recurrent
-        policy and user code may replace it) projects the log-std parameter after each of its steps.
-        """
-        return self._optimizer
-
-    @optimizer.setter
-    def optimizer(self, optimizer: th.optim.Optimizer) -> None:
-        self._optimizer = optimizer
-        if isinstance(getattr(self, "log_std", None), th.nn.Parameter):
-            optimizer.register_step_post_hook(self._project_after_step)
-
-    def project_log_std(self) -> None:
-        """
-        Clamp the log-std parameter into ``log_std_range``, where the clamp in the distribution passes its gradient
-        (outside, it would be a dead zone with zero gradient).
-
-        Runs after every step of :attr:`optimizer`, before each distribution :meth:`get_distribution` builds (sb3-contrib
-        TRPO's line search sets the parameters and then calls it), and at each :meth:`set_training_mode` (the start
-        of every rollout and update phase, whatever changed the parameters in between).
-        """
-        if isinstance(getattr(self, "log_std", None), th.nn.Parameter):
-            with th.no_grad():
-                self.log_std.clamp_(*self.log_std_range)
-
-    def _project_after_step(self, optimizer: th.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        self.project_log_std()
-
-    def get_distribution(self, obs: PyTorchObs) -> Distribution:
-        self.project_log_std()
-        return super().get_distribution(obs)
-
-    def set_training_mode(self, mode: bool) -> None:
-        self.project_log_std()
-        super().set_training_mode(mode)
-
-    def _get_constructor_parameters(self) -> dict[str, Any]:
-        data = super()._get_constructor_parameters()
-        data.update(squash_output=self.squash_output, log_std_range=self.log_std_range, logit_bound=self.logit_bound)
-        return data
 
 
 def warn_about_arguments_without_effect(

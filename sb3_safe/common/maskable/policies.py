@@ -1,0 +1,72 @@
+"""Drop-in sb3-contrib maskable policies (for ``MaskablePPO``) whose action distributions stay finite and valid."""
+
+from typing import Any, ClassVar
+
+from gymnasium import spaces
+from sb3_contrib.common.maskable.policies import (
+    MaskableActorCriticCnnPolicy,
+    MaskableActorCriticPolicy,
+    MaskableMultiInputActorCriticPolicy,
+)
+from stable_baselines3.common.torch_layers import CombinedExtractor, NatureCNN
+from stable_baselines3.common.type_aliases import Schedule
+
+from sb3_safe.common.distributions import DEFAULT_LOGIT_BOUND
+from sb3_safe.common.maskable.distributions import make_safe_masked_distribution
+from sb3_safe.common.policies import SafeDistributionMixin
+
+
+class SafeMaskableActorCriticPolicy(SafeDistributionMixin, MaskableActorCriticPolicy):
+    """
+    sb3-contrib's ``MaskableActorCriticPolicy`` (``MaskablePPO``'s ``"MlpPolicy"``) with logits bounded before the
+    mask is applied, so that masked actions have probability exactly 0 and every valid action keeps at least
+    ``min_action_probability(n_valid, logit_bound)`` (see :mod:`sb3_safe.common.maskable.distributions`).
+
+    Accepts every ``MaskableActorCriticPolicy`` keyword, plus:
+
+    :param logit_bound: logits are mapped smoothly into ``(-logit_bound, logit_bound)`` before masking.
+        ``None`` keeps sb3-contrib's raw logits.
+
+    A non-finite network output raises :class:`sb3_safe.NonFiniteError` naming it; a mask without a valid action
+    raises ``ValueError``. With default arguments the ``state_dict`` keys equal those of sb3-contrib's policy.
+    """
+
+    safe_keywords: ClassVar[tuple[str, ...]] = ("logit_bound",)
+
+    def __init__(
+        self,
+        observation_space: spaces.Space,
+        action_space: spaces.Space,
+        lr_schedule: Schedule,
+        logit_bound: float | None = DEFAULT_LOGIT_BOUND,
+        **kwargs: Any,
+    ):
+        # Action masking is for discrete actions only: no log-std, no squashing
+        self._init_safe_arguments(action_space, logit_bound=logit_bound)
+        super().__init__(observation_space, action_space, lr_schedule, **kwargs)
+
+    def _set_safe_action_dist(self) -> None:
+        self.action_dist = make_safe_masked_distribution(self.action_space, self.logit_bound)
+
+
+class SafeMaskableCnnPolicy(SafeMaskableActorCriticPolicy, MaskableActorCriticCnnPolicy):
+    """
+    :class:`SafeMaskableActorCriticPolicy` for image observations, with SB3's ``NatureCNN`` features extractor by
+    default, like ``MaskableActorCriticCnnPolicy`` (``"CnnPolicy"``).
+    """
+
+    def __init__(self, *args: Any, features_extractor_class: type = NatureCNN, **kwargs: Any):
+        super().__init__(*args, features_extractor_class=features_extractor_class, **kwargs)
+
+
+class SafeMaskableMultiInputPolicy(SafeMaskableActorCriticPolicy, MaskableMultiInputActorCriticPolicy):
+    """
+    :class:`SafeMaskableActorCriticPolicy` for Dict observations, with SB3's ``CombinedExtractor`` by default, like
+    ``MaskableMultiInputActorCriticPolicy`` (``"MultiInputPolicy"``).
+    """
+
+    def __init__(self, *args: Any, features_extractor_class: type = CombinedExtractor, **kwargs: Any):
+        super().__init__(*args, features_extractor_class=features_extractor_class, **kwargs)
+
+
+SafeMaskableMlpPolicy = SafeMaskableActorCriticPolicy

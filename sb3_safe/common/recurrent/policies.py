@@ -1,0 +1,87 @@
+"""Drop-in sb3-contrib recurrent policies (for ``RecurrentPPO``) whose action distributions stay finite and valid."""
+
+import warnings
+from typing import Any
+
+import numpy as np
+from gymnasium import spaces
+from sb3_contrib.common.recurrent.policies import (
+    RecurrentActorCriticCnnPolicy,
+    RecurrentActorCriticPolicy,
+    RecurrentMultiInputActorCriticPolicy,
+)
+from stable_baselines3.common.torch_layers import CombinedExtractor, NatureCNN
+from stable_baselines3.common.type_aliases import Schedule
+
+from sb3_safe.common.policies import SafeActorCriticPolicy
+
+
+class SafeRecurrentActorCriticPolicy(SafeActorCriticPolicy, RecurrentActorCriticPolicy):
+    """
+    sb3-contrib's ``RecurrentActorCriticPolicy`` (``RecurrentPPO``'s ``"MlpLstmPolicy"``) with the action
+    distributions of :class:`~sb3_safe.common.policies.SafeActorCriticPolicy`: a bounded log-std (also with gSDE)
+    projected into ``log_std_range`` after every step of the optimizer (also of the one sb3-contrib's constructor
+    rebuilds for the LSTMs), ``squash_output`` without gSDE, bounded logits, and a
+    :class:`sb3_safe.NonFiniteError` naming a non-finite network output.
+
+    Accepts every ``RecurrentActorCriticPolicy`` keyword, plus ``log_std_range``, ``logit_bound`` and
+    ``squash_output`` (see :class:`~sb3_safe.common.policies.SafeActorCriticPolicy`). With default arguments the
+    ``state_dict`` keys equal those of sb3-contrib's policy. :meth:`save` / :meth:`load` of the policy alone also
+    restore the LSTM keywords (``lstm_hidden_size``, ``n_lstm_layers``, ``shared_lstm``, ``enable_critic_lstm``,
+    ``lstm_kwargs``), which sb3-contrib's policy does not save.
+
+    ``RecurrentPPO`` (sb3-contrib 2.9) clips the actions of its rollouts to the Box bounds without rescaling
+    squashed actions to them, as ``predict`` and SB3's algorithms do: with ``squash_output`` the environment's
+    Box should be ``[-1, 1]`` (gymnasium's ``RescaleAction`` wrapper), which a warning says otherwise.
+    """
+
+    def __init__(
+        self,
+        observation_space: spaces.Space,
+        action_space: spaces.Space,
+        lr_schedule: Schedule,
+        squash_output: bool = False,
+        **kwargs: Any,
+    ):
+        unit_box = isinstance(action_space, spaces.Box) and np.all(action_space.low == -1) and np.all(action_space.high == 1)
+        if squash_output and isinstance(action_space, spaces.Box) and not unit_box:
+            warnings.warn(
+                f"squash_output=True with the action space {action_space}: RecurrentPPO steps the environment "
+                "with the squashed actions in [-1, 1] (clipped, not rescaled to the bounds; predict() rescales "
+                "them). Rescale the environment's actions to [-1, 1] (gymnasium.wrappers.RescaleAction)."
+            )
+        super().__init__(observation_space, action_space, lr_schedule, squash_output=squash_output, **kwargs)
+
+    def _get_constructor_parameters(self) -> dict[str, Any]:
+        data = super()._get_constructor_parameters()
+        data.update(
+            lstm_hidden_size=self.lstm_output_dim,
+            n_lstm_layers=self.lstm_actor.num_layers,
+            shared_lstm=self.shared_lstm,
+            enable_critic_lstm=self.enable_critic_lstm,
+            lstm_kwargs=self.lstm_kwargs,
+        )
+        return data
+
+
+class SafeCnnLstmPolicy(SafeRecurrentActorCriticPolicy, RecurrentActorCriticCnnPolicy):
+    """
+    :class:`SafeRecurrentActorCriticPolicy` for image observations, with SB3's ``NatureCNN`` features extractor by
+    default, like ``RecurrentActorCriticCnnPolicy`` (``"CnnLstmPolicy"``).
+    """
+
+    def __init__(self, *args: Any, features_extractor_class: type = NatureCNN, **kwargs: Any):
+        super().__init__(*args, features_extractor_class=features_extractor_class, **kwargs)
+
+
+class SafeMultiInputLstmPolicy(SafeRecurrentActorCriticPolicy, RecurrentMultiInputActorCriticPolicy):
+    """
+    :class:`SafeRecurrentActorCriticPolicy` for Dict observations, with SB3's ``CombinedExtractor`` by default, like
+    ``RecurrentMultiInputActorCriticPolicy`` (``"MultiInputLstmPolicy"``).
+    """
+
+    def __init__(self, *args: Any, features_extractor_class: type = CombinedExtractor, **kwargs: Any):
+        super().__init__(*args, features_extractor_class=features_extractor_class, **kwargs)
+
+
+SafeMlpLstmPolicy = SafeRecurrentActorCriticPolicy
