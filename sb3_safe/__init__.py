@@ -4,6 +4,7 @@ from pathlib import Path
 
 from sb3_safe.a2c_safe import SafeA2C
 from sb3_safe.common.callbacks import NonFiniteGuardCallback, NonFiniteGuardWarning, NumericsMonitorCallback
+from sb3_safe.common.exploration import ExplorationWarning
 from sb3_safe.common.maskable import (
     SafeMaskableActorCriticPolicy,
     SafeMaskableCnnPolicy,
@@ -23,6 +24,7 @@ from sb3_safe.ppo_kl import KLAdaptivePPO
 __version__ = (Path(__file__).parent / "version.txt").read_text(encoding="utf-8").strip()
 
 __all__ = [
+    "ExplorationWarning",
     "KLAdaptivePPO",
     "NonFiniteError",
     "NonFiniteGuardCallback",

@@ -1,15 +1,37 @@
 """
-pytest plugin: run Stable-Baselines3's own test suite with sb3-safe's policies substituted for PPO's and A2C's
-policy aliases ("MlpPolicy", "CnnPolicy", "MultiInputPolicy"), so every test that builds PPO or A2C by alias
-exercises the safe policies. Usage (an SB3 checkout's tests/ in $SB3_TESTS; see scripts/peer_tests.sh)::
+pytest plugin: run Stable-Baselines3's or sb3-contrib's own test suite with sb3-safe's policies substituted for the
+policy aliases of PPO, A2C, TRPO ("MlpPolicy", "CnnPolicy", "MultiInputPolicy"), MaskablePPO (the same aliases,
+maskable policies) and RecurrentPPO ("MlpLstmPolicy", "CnnLstmPolicy", "MultiInputLstmPolicy"), so every test
+that builds these algorithms by alias exercises the safe policies. Usage (see scripts/peer_tests.sh)::
 
-    PYTHONPATH=scripts python -m pytest -p peer_substitution $SB3_TESTS -k "PPO or A2C or ppo or a2c"
+    PYTHONPATH=scripts python -m pytest -p peer_substitution PATH/TO/tests -k "..."
 """
 
+from sb3_contrib import TRPO, MaskablePPO, RecurrentPPO
 from stable_baselines3 import A2C, PPO
 
-from sb3_safe import SafeCnnPolicy, SafeMlpPolicy, SafeMultiInputPolicy
+from sb3_safe import (
+    SafeCnnLstmPolicy,
+    SafeCnnPolicy,
+    SafeMaskableCnnPolicy,
+    SafeMaskableMlpPolicy,
+    SafeMaskableMultiInputPolicy,
+    SafeMlpLstmPolicy,
+    SafeMlpPolicy,
+    SafeMultiInputLstmPolicy,
+    SafeMultiInputPolicy,
+)
 
 SAFE_ALIASES = {"MlpPolicy": SafeMlpPolicy, "CnnPolicy": SafeCnnPolicy, "MultiInputPolicy": SafeMultiInputPolicy}
-for algo in (PPO, A2C):
+for algo in (PPO, A2C, TRPO):
     algo.policy_aliases = dict(SAFE_ALIASES)
+MaskablePPO.policy_aliases = {
+    "MlpPolicy": SafeMaskableMlpPolicy,
+    "CnnPolicy": SafeMaskableCnnPolicy,
+    "MultiInputPolicy": SafeMaskableMultiInputPolicy,
+}
+RecurrentPPO.policy_aliases = {
+    "MlpLstmPolicy": SafeMlpLstmPolicy,
+    "CnnLstmPolicy": SafeCnnLstmPolicy,
+    "MultiInputLstmPolicy": SafeMultiInputLstmPolicy,
+}
