@@ -11,6 +11,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch as th
+from faults import NaNAfterOptimizerStep
 from gymnasium import spaces
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -427,25 +428,10 @@ def test_policy_classes_subclass_their_sb3_contrib_counterparts():
         assert issubclass(policy, SafeDistributionMixin)
 
 
-class CorruptAfterOptimizerStep:
-    """Write a NaN into a weight right after a chosen optimizer step, as a diverging update would."""
-
-    def __init__(self, optimizer: th.optim.Optimizer, at: int, weight: th.Tensor):
-        self.at, self.weight, self.calls = at, weight, 0
-        # Registered before learn(), so it runs before the guard's hook, like a real optimizer step would
-        optimizer.register_step_post_hook(self)
-
-    def __call__(self, optimizer: th.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        self.calls += 1
-        if self.calls == self.at:
-            with th.no_grad():
-                self.weight.view(-1)[0] = float("nan")
-
-
 def test_guard_rolls_back_a_nan_weight_and_training_continues():
     env = ChangingMaskEnv(spaces.Discrete(5))
     model = MaskablePPO(SafeMaskableMlpPolicy, env, seed=0, policy_kwargs=dict(net_arch=[16]), **SMALL)
-    corrupt = CorruptAfterOptimizerStep(model.policy.optimizer, at=3, weight=model.policy.action_net.weight)
+    corrupt = NaNAfterOptimizerStep(model.policy.optimizer, at=3, weight=model.policy.action_net.weight)
     guard = NonFiniteGuardCallback(on_nonfinite="rollback")
     with pytest.warns(NonFiniteGuardWarning, match="action_net.weight: 1 NaN"):
         model.learn(256, callback=guard)

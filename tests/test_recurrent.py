@@ -13,6 +13,7 @@ import rl_zoo3
 import rl_zoo3.train
 import torch as th
 import yaml
+from faults import NaNAfterOptimizerStep
 from gymnasium import spaces
 from sb3_contrib import RecurrentPPO
 from sb3_contrib.common.recurrent.policies import (
@@ -306,21 +307,6 @@ def test_policy_classes_subclass_their_sb3_contrib_counterparts():
 # ----- the non-finite guard with RecurrentPPO -----
 
 
-class CorruptAfterOptimizerStep:
-    """Write a NaN into a weight right after a chosen optimizer step, as a diverging update would."""
-
-    def __init__(self, optimizer: th.optim.Optimizer, at: int, weight: th.Tensor):
-        self.at, self.weight, self.calls = at, weight, 0
-        # Registered before learn(), so it runs before the guard's hook, like a real optimizer step would
-        optimizer.register_step_post_hook(self)
-
-    def __call__(self, optimizer: th.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        self.calls += 1
-        if self.calls == self.at:
-            with th.no_grad():
-                self.weight.view(-1)[0] = float("nan")
-
-
 class LstmStatesWatch(BaseCallback):
     """Whether the LSTM states were finite at every rollout start (the ones carried over) and after every step."""
 
@@ -344,7 +330,7 @@ class LstmStatesWatch(BaseCallback):
 @pytest.mark.parametrize("weight", ["lstm_actor.weight_hh_l0", "lstm_critic.weight_ih_l0", "action_net.weight"])
 def test_guard_rolls_back_a_nan_weight_and_lstm_states_stay_finite(weight: str):
     model = RecurrentPPO(SafeMlpLstmPolicy, "CartPole-v1", seed=0, policy_kwargs=tiny(), **SMALL)
-    corrupt = CorruptAfterOptimizerStep(model.policy.optimizer, at=3, weight=model.policy.get_parameter(weight))
+    corrupt = NaNAfterOptimizerStep(model.policy.optimizer, at=3, weight=model.policy.get_parameter(weight))
     guard, watch = NonFiniteGuardCallback(on_nonfinite="rollback"), LstmStatesWatch()
     with pytest.warns(NonFiniteGuardWarning, match=re.escape(f"policy.{weight}: 1 NaN")):
         model.learn(256, callback=CallbackList([guard, watch]))
