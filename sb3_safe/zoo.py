@@ -17,6 +17,7 @@ import numbers
 import re
 import shutil
 import sys
+import time
 import types
 import typing
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -44,11 +45,13 @@ from rl_zoo3.hyperparams_opt import (
     sample_ppo_params,
 )
 from rl_zoo3.utils import StoreDict, get_model_path
+from sqlalchemy import exc as sqlalchemy_exc
+from sqlalchemy.engine import make_url
 from stable_baselines3.common.base_class import BaseAlgorithm
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.evaluation import evaluate_policy
 from stable_baselines3.common.monitor import load_results
-from stable_baselines3.common.results_plotter import X_TIMESTEPS, plot_results
+from stable_baselines3.common.results_plotter import X_TIMESTEPS, ts2xy
 
 from sb3_safe.a2c_safe import SafeA2C
 from sb3_safe.ppo_kl import KLAdaptivePPO
@@ -62,6 +65,10 @@ PACKAGED_BY_DEFAULT = ("ppo_lstm",)
 CONFIG_DIR = Path(__file__).parent / "zoo_configs"
 #: file name of the learning curve written into the run folder
 LEARNING_CURVE = "learning_curve.png"
+#: file name of the results of rl_zoo3's periodic evaluation (``--eval-freq`` > 0) in the run folder
+EVALUATIONS = "evaluations.npz"
+#: the learning curve's smoothing window, as a fraction of the run's timesteps
+SMOOTHING_FRACTION = 0.05
 
 #: Entries of a zoo configuration that are not environment ids: rl_zoo3 uses "atari" for the Atari ids without an
 #: entry, "default" for the other ids without one
@@ -318,6 +325,52 @@ def check_trained_agent(path: str) -> None:
         raise ZooUsageError(f"-i {path}: not a .zip; pass the model's .zip")
 
 
+def _storage_label(storage: str) -> str:
+    # A database URL may hold a password: messages show it masked
+    try:
+        url = make_url(storage)
+    except sqlalchemy_exc.ArgumentError:
+        return storage  # a journal file, or no URL at all
+    return storage if url.password is None else url.render_as_string(hide_password=True)
+
+
+def open_storage(storage: str, attempts: int = 5) -> optuna.storages.BaseStorage:
+    """
+    Open an optuna storage as rl_zoo3 opens it: a journal file for a ``.log`` path, else a database URL
+    (``sqlite:///study.db``, ``postgresql://user:password@host:5432/db``). A database gets optuna's tables if it has
+    none yet.
+
+    :param storage: the ``--storage`` value
+    :param attempts: how often to try creating the tables of a database while other workers create them too
+    :return: the storage
+    :raises ZooUsageError: for a URL that is no database URL, a database driver that is not installed, or a database
+        that cannot be opened (refused connection, unknown database or user ...); the URL's password is masked
+    """
+    if storage.endswith(".log"):
+        return JournalStorage(JournalFileBackend(storage))
+    label = _storage_label(storage)
+    attempt = 1
+    while True:
+        try:
+            return optuna.storages.RDBStorage(storage)
+        except ImportError as error:
+            # optuna's message does not name the missing module, its cause does
+            driver = _one_line(str(error.__cause__ or error))
+            postgres = make_url(storage).drivername in ("postgresql", "postgresql+psycopg")
+            extra = "; pip install 'sb3-safe[postgres]'" if postgres else ""
+            raise ZooUsageError(f"--storage {label}: the database driver is not installed ({driver}){extra}") from error
+        except sqlalchemy_exc.ArgumentError as error:
+            raise ZooUsageError(f"--storage {label}: not a database URL ({_one_line(str(error))})") from error
+        except sqlalchemy_exc.DBAPIError as error:
+            # Workers started together on an empty database all create its tables: all but one fail, once
+            if isinstance(error, sqlalchemy_exc.IntegrityError | sqlalchemy_exc.ProgrammingError) and attempt < attempts:
+                time.sleep(0.2 * attempt)
+                attempt += 1
+                continue
+            reason = _one_line(str(error.orig or error))
+            raise ZooUsageError(f"--storage {label}: cannot open the database: {reason}") from error
+
+
 def check_trial(storage: str | None, study_name: str | None, trial_id: int) -> None:
     """
     Check the trial that ``--trial-id`` loads from an optuna study, as rl_zoo3 opens the study.
@@ -326,20 +379,20 @@ def check_trial(storage: str | None, study_name: str | None, trial_id: int) -> N
     :param study_name: the ``--study-name`` value
     :param trial_id: the ``--trial-id`` value: a trial's number in the study
     :raises ZooUsageError: without a storage or a study name, for a storage file or a study that does not exist,
-        or for a trial number the study does not have
+        a storage that cannot be opened (see :func:`open_storage`), or for a trial number the study does not have
     """
     if storage is None or study_name is None:
         raise ZooUsageError("--trial-id needs --storage and --study-name, the optuna study to read the trial from")
     journal = storage.endswith(".log")
     file = storage if journal else storage.removeprefix("sqlite:///") if storage.startswith("sqlite:///") else None
-    # Opening a missing file would create an empty storage
+    # Opening a missing file would create an empty storage; a server URL (postgresql://...) has no file
     if file is not None and not Path(file).is_file():
         raise ZooUsageError(f"--storage {storage}: no such file {file}{_file_hint(Path(file))}")
-    optuna_storage = JournalStorage(JournalFileBackend(storage)) if journal else storage
+    optuna_storage = open_storage(storage)
     names = optuna.get_all_study_names(optuna_storage)
     if study_name not in names:
         hint = _did_you_mean(study_name, names) or f"; its studies: {', '.join(names) or 'none'}"
-        raise ZooUsageError(f"--study-name {study_name!r}: no such study in {storage}{hint}")
+        raise ZooUsageError(f"--study-name {study_name!r}: no such study in {_storage_label(storage)}{hint}")
     n_trials = len(optuna.load_study(study_name=study_name, storage=optuna_storage).get_trials(deepcopy=False))
     if not 0 <= trial_id < n_trials:
         trials = f"{n_trials} trials, numbered 0 to {n_trials - 1}" if n_trials else "no trials"
@@ -567,6 +620,13 @@ def _checked_options(command: str, zoo_args: Sequence[str]) -> argparse.Namespac
     return options
 
 
+class _TrialNumber(int):
+    """A trial number that is true also for trial 0."""
+
+    def __bool__(self) -> bool:
+        return True
+
+
 class _CheckedExperimentManager(ExperimentManager):
     """
     rl_zoo3's experiment manager, whose setup (reading the configuration, building the environments and the
@@ -576,6 +636,10 @@ class _CheckedExperimentManager(ExperimentManager):
 
     def setup_experiment(self) -> tuple[BaseAlgorithm, dict[str, Any]] | None:
         new_run = not Path(self.save_path).exists()
+        if self.trial_id == 0:
+            # rl_zoo3 loads the trial only `if self.storage and self.study_name and self.trial_id`: trial 0 would
+            # silently train the configuration's values
+            self.trial_id = _TrialNumber(0)
         try:
             return super().setup_experiment()
         except _SETUP_ERRORS as error:
@@ -628,8 +692,8 @@ def train(zoo_args: Sequence[str], report: bool = True) -> RunReport | None:
 
     Without ``--conf-file``, ``kl_ppo``, ``safe_a2c`` and ``ppo_lstm`` use the packaged ``zoo_configs/<algo>.yml``.
     Bad input fails before training: the options, the configuration file and its entry for the environment, the
-    trial of ``--trial-id``, the types of the hyperparameters, and whatever the callbacks, wrappers, environments and
-    the model reject when rl_zoo3 builds them.
+    optuna storage of ``-optimize`` and the trial of ``--trial-id``, the types of the hyperparameters, and whatever
+    the callbacks, wrappers, environments and the model reject when rl_zoo3 builds them.
 
     :param zoo_args: ``rl_zoo3.train``'s command-line arguments
     :param report: after a training run (not ``-optimize``), write a learning-curve PNG next to the saved
@@ -649,6 +713,9 @@ def train(zoo_args: Sequence[str], report: bool = True) -> RunReport | None:
         check_trained_agent(options.trained_agent)
     if options.trial_id is not None:
         check_trial(options.storage, options.study_name, options.trial_id)
+    elif options.optimize and options.storage is not None and not options.storage.endswith(".log"):
+        # A database: its tables are created here, before rl_zoo3 opens it, and a bad URL fails in one line
+        open_storage(options.storage)
     runs_before = _run_folders(options.folder, options.algo, options.env)
     with _rl_zoo3_command("sb3-safe train", zoo_args), _explained_config_errors(options.algo):
         rl_zoo3.train.train()
@@ -677,21 +744,106 @@ def enjoy(zoo_args: Sequence[str]) -> None:
         zoo_enjoy()
 
 
+@dataclass
+class LearningCurve:
+    """
+    What the learning curve shows: the training episodes that rl_zoo3's ``Monitor`` wrappers logged in a run folder,
+    smoothed over timesteps, and rl_zoo3's periodic evaluations.
+
+    :param timesteps: the timestep at which each training episode ended (the lengths of the episodes summed in the
+        order they ended, as SB3's plotter counts)
+    :param returns: each training episode's return
+    :param smoothed: at each episode's end, the mean return of the episodes that ended within the last ``window``
+        timesteps
+    :param window: the smoothing window, in timesteps
+    :param eval_timesteps: the timestep of each evaluation (none without ``evaluations.npz``)
+    :param eval_means: the mean return of each evaluation's episodes
+    :param eval_stds: the standard deviation of each evaluation's episode returns
+    """
+
+    timesteps: np.ndarray
+    returns: np.ndarray
+    smoothed: np.ndarray
+    window: float
+    eval_timesteps: np.ndarray
+    eval_means: np.ndarray
+    eval_stds: np.ndarray
+
+
+def smooth_over_timesteps(timesteps: np.ndarray, values: np.ndarray, window: float) -> np.ndarray:
+    """
+    A moving mean over a window of timesteps rather than of episodes: a window of N episodes spans few timesteps
+    where episodes are short and many where they are long, so it lags most where the agent has improved most.
+
+    :param timesteps: increasing timesteps, one per value
+    :param values: the values
+    :param window: the window's width in timesteps (> 0)
+    :return: at each timestep ``t``, the mean of the values at timesteps in ``(t - window, t]``
+    """
+    # The window of point i starts at the first point after t_i - window; a prefix sum gives each window's sum
+    starts = np.searchsorted(timesteps, timesteps - window, side="right")
+    ends = np.arange(1, len(values) + 1)
+    sums = np.concatenate([[0.0], np.cumsum(values, dtype=np.float64)])
+    return (sums[ends] - sums[starts]) / (ends - starts)
+
+
+def learning_curve_data(run_folder: Path, window: float | None = None) -> LearningCurve | None:
+    """
+    The data of a run's learning curve.
+
+    :param run_folder: the run folder (``<log folder>/<algo>/<env>_<id>``), with the ``Monitor`` logs and, with
+        ``--eval-freq`` > 0, rl_zoo3's ``evaluations.npz``
+    :param window: the smoothing window in timesteps; None: :data:`SMOOTHING_FRACTION` of the run's timesteps
+    :return: the curve, or None if no training episode finished
+    """
+    monitor = load_results(str(run_folder))
+    if monitor.empty:
+        return None
+    timesteps, returns = (np.asarray(column, dtype=np.float64) for column in ts2xy(monitor, X_TIMESTEPS))
+    if window is None:
+        window = max(SMOOTHING_FRACTION * timesteps[-1], 1.0)
+    eval_timesteps, eval_means, eval_stds = np.zeros(0), np.zeros(0), np.zeros(0)
+    if (run_folder / EVALUATIONS).is_file():
+        with np.load(run_folder / EVALUATIONS) as evaluations:
+            eval_timesteps = np.asarray(evaluations["timesteps"], dtype=np.float64)
+            # EvalCallback's results: one row of episode returns per evaluation
+            results = np.asarray(evaluations["results"], dtype=np.float64)
+        eval_means, eval_stds = results.mean(axis=1), results.std(axis=1)
+    smoothed = smooth_over_timesteps(timesteps, returns, window)
+    return LearningCurve(timesteps, returns, smoothed, window, eval_timesteps, eval_means, eval_stds)
+
+
 def plot_learning_curve(run_folder: Path, title: str) -> Path | None:
     """
-    Plot the training episode returns that rl_zoo3's ``Monitor`` wrappers logged in a run folder.
+    Plot a run's learning curve (:func:`learning_curve_data`): each training episode's return, their mean over a
+    window of timesteps, and rl_zoo3's evaluations.
 
     :param run_folder: the run folder (``<log folder>/<algo>/<env>_<id>``)
     :param title: the plot title
     :return: the PNG written into the run folder, or None if no episode finished
     """
-    if load_results(str(run_folder)).empty:
+    curve = learning_curve_data(run_folder)
+    if curve is None:
         return None
-    # SB3's plotter: each episode's return, and the mean over 100 episodes once there are that many
-    plot_results([str(run_folder)], None, X_TIMESTEPS, title, figsize=(8, 4))
+    fig, ax = plt.subplots(figsize=(8, 4))
+    ax.scatter(curve.timesteps, curve.returns, s=6, alpha=0.3, color="tab:blue", label="training episode")
+    ax.plot(curve.timesteps, curve.smoothed, color="tab:blue", label=f"mean over {curve.window:,.0f} timesteps")
+    if len(curve.eval_timesteps):
+        ax.errorbar(
+            curve.eval_timesteps,
+            curve.eval_means,
+            yerr=curve.eval_stds,
+            fmt="D",
+            color="tab:orange",
+            capsize=3,
+            label="evaluation (mean +/- std)",
+        )
+    ax.set(xlabel="timesteps", ylabel="episode return", title=title)
+    ax.legend(loc="best", fontsize="small")
+    fig.tight_layout()
     path = run_folder / LEARNING_CURVE
-    plt.savefig(path, dpi=100)
-    plt.close()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
     return path
 
 

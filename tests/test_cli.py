@@ -147,7 +147,9 @@ def test_optimize_two_workers_share_a_study_then_train_a_trial(tmp_path: Path) -
     for seed in ("1", "2"):
         args = ["train", "--algo", "kl_ppo", "--env", "CartPole-v1", "-optimize", "--n-trials", "1", "-n", "512"]
         args += ["--storage", storage, "--study-name", study_name, "--n-evaluations", "1", "--eval-episodes", "2"]
-        args += ["--sampler", "random", "--pruner", "none", "--no-optim-plots", "-f", str(tmp_path), "--seed", seed]
+        # One log folder per worker (one per machine): rl_zoo3 names a report by the second it was written
+        folder = tmp_path / f"worker_{seed}"
+        args += ["--sampler", "random", "--pruner", "none", "--no-optim-plots", "-f", str(folder), "--seed", seed]
         assert main(args) == 0
 
     trials = optuna.load_study(storage=storage, study_name=study_name).trials
@@ -158,15 +160,16 @@ def test_optimize_two_workers_share_a_study_then_train_a_trial(tmp_path: Path) -
         assert 2.0 <= trial.params["logit_bound"] <= 20.0  # CartPole: discrete actions
         assert "log_std_min" not in trial.params
         assert trial.value is not None and trial.value > 0
-    assert len(list((tmp_path / "kl_ppo").glob("report_CartPole-v1_1-trials-512-random-none_*.csv"))) == 2
+    for seed in ("1", "2"):
+        reports = (tmp_path / f"worker_{seed}" / "kl_ppo").glob("report_CartPole-v1_1-trials-512-random-none_*.csv")
+        assert len(list(reports)) == 1
 
     # rl_zoo3 rebuilds trial 1's hyperparameters with our converter
     args = ["train", "--algo", "kl_ppo", "--env", "CartPole-v1", "-n", "256", "--storage", storage]
-    args += ["--study-name", study_name, "--trial-id", "1", "-f", str(tmp_path), "--no-report"]
+    args += ["--study-name", study_name, "--trial-id", "1", "-f", str(tmp_path / "trained"), "--no-report"]
     assert main(args) == 0
     params = trials[1].params
-    # rl_zoo3 created a run folder for each -optimize run too: this is the third
-    model = KLAdaptivePPO.load(tmp_path / "kl_ppo" / "CartPole-v1_3" / "CartPole-v1.zip", device="cpu")
+    model = KLAdaptivePPO.load(tmp_path / "trained" / "kl_ppo" / "CartPole-v1_1" / "CartPole-v1.zip", device="cpu")
     assert model.adaptive_kl_target == pytest.approx(params["adaptive_kl_target"])
     assert model.kl_beta_bounds[0] <= model.kl_beta <= model.kl_beta_bounds[1]
     assert model.policy.logit_bound == pytest.approx(params["logit_bound"])
