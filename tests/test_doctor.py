@@ -9,9 +9,11 @@ from pathlib import Path
 
 import pytest
 import torch as th
+from sb3_contrib import MaskablePPO, RecurrentPPO
+from sb3_contrib.common.envs import InvalidActionEnvDiscrete
 from stable_baselines3 import PPO, SAC
 
-from sb3_safe import KLAdaptivePPO
+from sb3_safe import KLAdaptivePPO, SafeMaskableMlpPolicy, SafeMlpLstmPolicy
 from sb3_safe.cli import main
 from sb3_safe.doctor import EXIT_HEALTHY, EXIT_UNHEALTHY, EXIT_UNREADABLE, STOCK_LOG_STD_RANGE, WEIGHT_LIMIT, diagnose
 
@@ -181,3 +183,25 @@ def test_python_m_entry_point_exits_with_the_status(corrupted_zip: Path, tmp_pat
         result = subprocess.run([sys.executable, "-m", "sb3_safe", "doctor", str(path)], capture_output=True, text=True)
         assert result.returncode == status
         assert "Traceback" not in result.stderr
+
+
+def test_maskable_and_recurrent_models(tmp_path: Path) -> None:
+    """doctor reads MaskablePPO and RecurrentPPO zips with the safe policies, and names what is wrong in them."""
+    maskable = MaskablePPO(SafeMaskableMlpPolicy, InvalidActionEnvDiscrete(dim=10, n_invalid_actions=3), n_steps=64)
+    maskable.save(tmp_path / "maskable.zip")
+    assert diagnose(tmp_path / "maskable.zip").healthy
+    with th.no_grad():
+        maskable.policy.action_net.weight[0, 0] = math.nan
+    maskable.save(tmp_path / "maskable_nan.zip")
+    (bad,) = diagnose(tmp_path / "maskable_nan.zip").nonfinite
+    assert bad.name == "policy.action_net.weight"
+
+    recurrent = RecurrentPPO(SafeMlpLstmPolicy, "Pendulum-v1", n_steps=64, policy_kwargs=dict(log_std_range=(-3.0, 1.0)))
+    recurrent.save(tmp_path / "recurrent.zip")
+    report = diagnose(tmp_path / "recurrent.zip")
+    assert report.healthy and report.log_std_limits == (-3.0, 1.0)
+    with th.no_grad():
+        recurrent.policy.log_std.fill_(1.5)  # above the policy's own range: the projection was bypassed
+    recurrent.save(tmp_path / "recurrent_above.zip")
+    (beyond,) = diagnose(tmp_path / "recurrent_above.zip").beyond_limits
+    assert beyond.name == "policy.log_std" and beyond.limit == 1.0
