@@ -499,7 +499,7 @@ class NonFiniteGuardCallback(BaseCallback):
 
     def _before_optimizer_step(self, optimizer: th.optim.Optimizer, args: Any, kwargs: Any) -> None:
         grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
-        if not grads or math.isfinite(th.stack(th._foreach_norm(grads, ord=math.inf)).amax().item()):
+        if not grads or math.isfinite(th.nn.utils.get_total_norm(grads, norm_type=math.inf).item()):
             return
         name, _ = self._step_checks[id(optimizer)]
         bad = self._locate_in_optimizer(name, optimizer)
@@ -734,7 +734,7 @@ class NumericsMonitorCallback(BaseCallback):
             record("train/log_std_min", low.item())
             record("train/log_std_max", high.item())
         if self._params:
-            record("train/param_max_abs", th.stack(th._foreach_norm(self._params, ord=math.inf)).amax().item())
+            record("train/param_max_abs", th.nn.utils.get_total_norm(self._params, norm_type=math.inf).item())
         grad_norm = self._gradient_norm()
         if grad_norm is not None:
             record("train/grad_norm", grad_norm)

@@ -180,7 +180,7 @@ class TensorFiniteCheck:
         if self._arrays is None:
             if len({t.dtype for t in self.tensors}) > 1:
                 return all(is_finite(t) for t in self.tensors)
-            return math.isfinite(th.stack(th._foreach_norm(self.tensors, ord=math.inf)).amax().item())
+            return math.isfinite(th.nn.utils.get_total_norm(self.tensors, norm_type=math.inf).item())
         with np.errstate(over="ignore", invalid="ignore"):
             total = 0.0
             for array in self._arrays:
@@ -326,6 +326,7 @@ class GradientNorm:
         if not present:
             return None
         if self._buffer is None or len(present) < len(grads):
-            return th.linalg.vector_norm(th.stack(th._foreach_norm(present))).item()
+            return th.nn.utils.get_total_norm(present).item()
+        # one multi-tensor copy into the flat buffer (torch has no public counterpart of _foreach_copy_)
         th._foreach_copy_(self._buffer.views, present)
         return th.linalg.vector_norm(self._buffer.flat).item()
