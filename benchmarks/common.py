@@ -3,18 +3,23 @@ Shared pieces of the benchmark suites: rl-zoo configurations, algorithm variants
 one timed run with evaluation, the process pool, JSONL I/O, markdown reports and plots.
 """
 
+import importlib.util
 import json
 import multiprocessing
 import os
 import platform
+import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
 
+ROOT = Path(__file__).parent.parent
 RESULTS = Path(__file__).parent / "results"
 #: Hand-written reading of the numbers below this marker survives a rewrite of a report
 NOTES_MARKER = "<!-- notes -->"
@@ -29,15 +34,17 @@ SIZES = ("tiny", "quick", "full")
 @dataclass
 class ZooConfig:
     """
-    One rl-zoo hyperparameter entry, split the way rl-zoo's ExperimentManager uses it.
+    One rl-zoo hyperparameter entry, split the way rl-zoo's ExperimentManager uses it (or, with ``source``, the
+    settings of another origin in the same form).
 
-    :param algo: ``"ppo"`` or ``"a2c"`` (the zoo file name)
+    :param algo: ``"ppo"``, ``"a2c"`` or ``"ppo_lstm"`` (the zoo file name)
     :param env_id: the environment
     :param zoo_key: the entry read (Hopper-v5 falls back to the Hopper-v4 entry)
     :param n_envs: number of parallel environments
     :param normalize: wrap in VecNormalize (with the algorithm's gamma, as rl-zoo does)
-    :param zoo_timesteps: rl-zoo's training budget
+    :param zoo_timesteps: rl-zoo's training budget (the source's, with ``source``)
     :param kwargs: the algorithm's keyword arguments, schedules and ``policy_kwargs`` already resolved
+    :param source: where the settings come from when not from rl-zoo (e.g. ``examples/maskable.py``), for reports
     """
 
     algo: str
@@ -47,6 +54,7 @@ class ZooConfig:
     normalize: bool
     zoo_timesteps: int
     kwargs: dict[str, Any] = field(default_factory=dict)
+    source: str | None = None
 
     @property
     def gamma(self) -> float:
@@ -57,7 +65,7 @@ def zoo_config(algo: str, env_id: str, **overrides: Any) -> ZooConfig:
     """
     Read rl-zoo's tuned entry from the installed ``rl_zoo3/hyperparams/<algo>.yml`` rather than retyping it.
 
-    :param algo: ``"ppo"`` or ``"a2c"``
+    :param algo: ``"ppo"``, ``"a2c"`` or ``"ppo_lstm"``
     :param env_id: the environment; ``-v5`` falls back to the ``-v4`` entry (zoo has no v5 MuJoCo entries)
     :param overrides: keyword arguments replacing or adding to the zoo's (strings are parsed like zoo's)
     """
@@ -73,8 +81,64 @@ def zoo_config(algo: str, env_id: str, **overrides: Any) -> ZooConfig:
         raise ValueError(f"normalize={normalize!r}: keyword form not supported")
     n_envs = int(hyperparams.pop("n_envs", 1))
     zoo_timesteps = int(float(hyperparams.pop("n_timesteps")))
-    hyperparams.pop("policy", None)  # every entry used here is "MlpPolicy"; the variant chooses the class
+    hyperparams.pop("policy", None)  # "MlpPolicy" / "MlpLstmPolicy" in the entries used here: the variant chooses
     return ZooConfig(algo, env_id, key, n_envs, bool(normalize), zoo_timesteps, _resolve(hyperparams))
+
+
+def other_config(source: str, env_id: str, n_envs: int = 1, timesteps: int = 0, **kwargs: Any) -> ZooConfig:
+    """
+    Settings that are not an rl-zoo entry (an example's, or the library's defaults plus ``kwargs``), in the same form.
+
+    :param source: where they come from, for reports
+    :param timesteps: the source's training budget (0: none)
+    :param kwargs: the algorithm's keyword arguments (strings are parsed like zoo's)
+    """
+    return ZooConfig("-", env_id, "-", n_envs, False, timesteps, _resolve(kwargs), source=source)
+
+
+#: The masked-action task of ``examples/maskable.py``, registered with gymnasium under this id (see ``make_env``)
+MACHINE_SCHEDULING = "MachineScheduling-v0"
+
+
+def maskable_example() -> ModuleType:
+    """``examples/maskable.py`` as a module (loaded by path: ``examples`` is not a package)."""
+    module = sys.modules.get("_sb3_safe_examples_maskable")
+    if module is None:
+        spec = importlib.util.spec_from_file_location("_sb3_safe_examples_maskable", ROOT / "examples" / "maskable.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        spec.loader.exec_module(module)
+    return module
+
+
+def machine_scheduling_env() -> gym.Env:
+    """The example's env (the gymnasium entry point of ``MACHINE_SCHEDULING``)."""
+    return maskable_example().MachineSchedulingEnv()
+
+
+def maskable_config(**overrides: Any) -> ZooConfig:
+    """
+    MaskablePPO's settings of ``examples/maskable.py`` (rl-zoo has no MaskablePPO file): the same values as the
+    example's ``main()`` (4 envs, 100k steps), with ``overrides``.
+    """
+    kwargs: dict[str, Any] = dict(
+        n_steps=128,
+        batch_size=128,
+        n_epochs=10,
+        gamma=0.99,
+        learning_rate=1e-3,
+        ent_coef=0.01,
+        policy_kwargs=dict(net_arch=[64, 64]),
+    )
+    return other_config("`examples/maskable.py`", MACHINE_SCHEDULING, n_envs=4, timesteps=100_000, **{**kwargs, **overrides})
+
+
+def family_config(family: str, env_id: str, **overrides: Any) -> ZooConfig:
+    """The settings a family starts from: rl-zoo's entry for the env, or for MaskablePPO the example's."""
+    if family == "MaskablePPO":
+        return maskable_config(**overrides)
+    return zoo_config(ZOO_FILE[family], env_id, **overrides)
 
 
 def _resolve(hyperparams: dict[str, Any]) -> dict[str, Any]:
@@ -89,15 +153,18 @@ def _resolve(hyperparams: dict[str, Any]) -> dict[str, Any]:
             value = linear_schedule(value[len("lin_") :])
         elif key == "policy_kwargs" and isinstance(value, str):
             value = eval(
-                value, {"nn": th.nn, "dict": dict, "RMSpropTFLike": RMSpropTFLike}
+                value, {"nn": th.nn, "th": th, "dict": dict, "RMSpropTFLike": RMSpropTFLike}
             )  # rl-zoo evaluates its own strings the same way
         resolved[key] = value
     return resolved
 
 
 def describe_zoo(config: ZooConfig, timesteps: int) -> str:
-    """One line for a report: the zoo entry, its budget and the one used."""
+    """One line for a report: the zoo entry (or other source), its budget and the one used."""
     norm = ", VecNormalize" if config.normalize else ""
+    if config.source is not None:
+        own = f" (its own: {config.zoo_timesteps:,})" if config.zoo_timesteps else ""
+        return f"{config.env_id}: {config.source}{norm}, {timesteps:,} steps{own}"
     return (
         f"{config.env_id}: `{config.algo}.yml` `{config.zoo_key}`{norm}, {timesteps:,} steps (zoo: {config.zoo_timesteps:,})"
     )
@@ -114,8 +181,10 @@ class Variant:
     One way to train: an algorithm class, a policy, and optionally the guard.
 
     :param name: shown in tables
-    :param algo: ``"PPO"``, ``"KLAdaptivePPO"``, ``"A2C"`` or ``"SafeA2C"``
-    :param safe_policy: stock algorithm with ``SafeMlpPolicy`` (the safe algorithms always use it)
+    :param algo: ``"PPO"``, ``"KLAdaptivePPO"``, ``"A2C"``, ``"SafeA2C"``, or sb3-contrib's ``"RecurrentPPO"`` or
+        ``"MaskablePPO"``
+    :param safe_policy: stock algorithm with sb3-safe's policy for it (``SafeMlpPolicy``, ``SafeMlpLstmPolicy``,
+        ``SafeMaskableMlpPolicy``; the safe algorithms always use ``SafeMlpPolicy``)
     :param guard: NonFiniteGuardCallback mode, or None for no guard ("+guard" in a name is rollback mode)
     :param foreach: stock algorithm and policy, but the optimizer steps with ``foreach=True`` as sb3-safe's
         policies do (same values; isolates the cost of the safety from the optimizer's speed-up)
@@ -148,21 +217,42 @@ VARIANTS = {
         Variant("SafeA2C", "SafeA2C"),
         Variant("SafeA2C+guard(raise)", "SafeA2C", guard="raise"),
         Variant("SafeA2C+guard", "SafeA2C", guard="rollback"),
+        # sb3-contrib's algorithms have no sb3-safe algorithm class: the safe policy is the safe role, + the guard
+        Variant("RecurrentPPO", "RecurrentPPO"),
+        Variant("RecurrentPPO(foreach)", "RecurrentPPO", foreach=True),
+        Variant("RecurrentPPO+SafeMlpLstmPolicy", "RecurrentPPO", safe_policy=True),
+        Variant("RecurrentPPO+SafeMlpLstmPolicy(lo=-5)", "RecurrentPPO", safe_policy=True, log_std_low=-5.0),
+        Variant("RecurrentPPO+SafeMlpLstmPolicy+guard", "RecurrentPPO", safe_policy=True, guard="rollback"),
+        Variant("MaskablePPO", "MaskablePPO"),
+        Variant("MaskablePPO(foreach)", "MaskablePPO", foreach=True),
+        Variant("MaskablePPO+SafeMaskableMlpPolicy", "MaskablePPO", safe_policy=True),
+        Variant("MaskablePPO+SafeMaskableMlpPolicy+guard", "MaskablePPO", safe_policy=True, guard="rollback"),
     )
 }
-#: The zoo file each algorithm's hyperparameters come from
-ZOO_FILE = {"PPO": "ppo", "KLAdaptivePPO": "ppo", "A2C": "a2c", "SafeA2C": "a2c"}
+#: The zoo file each algorithm's hyperparameters come from (MaskablePPO: none, see ``family_config``)
+ZOO_FILE = {"PPO": "ppo", "KLAdaptivePPO": "ppo", "A2C": "a2c", "SafeA2C": "a2c", "RecurrentPPO": "ppo_lstm"}
 
 
 def build_model(variant: Variant, env: Any, seed: int, kwargs: dict[str, Any]) -> Any:
     """Construct the variant's model on ``env`` (CPU, quiet)."""
+    from sb3_contrib import MaskablePPO, RecurrentPPO
     from stable_baselines3 import A2C, PPO
 
-    from sb3_safe import KLAdaptivePPO, SafeA2C, SafeMlpPolicy
+    from sb3_safe import KLAdaptivePPO, SafeA2C, SafeMaskableMlpPolicy, SafeMlpLstmPolicy, SafeMlpPolicy
     from sb3_safe.common.distributions import DEFAULT_LOG_STD_RANGE
 
-    classes = {"PPO": PPO, "KLAdaptivePPO": KLAdaptivePPO, "A2C": A2C, "SafeA2C": SafeA2C}
-    policy = SafeMlpPolicy if variant.safe_policy else "MlpPolicy"
+    classes = {
+        "PPO": PPO,
+        "KLAdaptivePPO": KLAdaptivePPO,
+        "A2C": A2C,
+        "SafeA2C": SafeA2C,
+        "RecurrentPPO": RecurrentPPO,
+        "MaskablePPO": MaskablePPO,
+    }
+    if variant.safe_policy:
+        policy = {"RecurrentPPO": SafeMlpLstmPolicy, "MaskablePPO": SafeMaskableMlpPolicy}.get(variant.algo, SafeMlpPolicy)
+    else:
+        policy = "MlpLstmPolicy" if variant.algo == "RecurrentPPO" else "MlpPolicy"
     if variant.log_std_low is not None:
         log_std_range = (variant.log_std_low, DEFAULT_LOG_STD_RANGE[1])
         kwargs = {**kwargs, "policy_kwargs": {**kwargs.get("policy_kwargs", {}), "log_std_range": log_std_range}}
@@ -198,15 +288,32 @@ def make_env(
     from stable_baselines3.common.env_util import make_vec_env
     from stable_baselines3.common.vec_env import VecNormalize
 
+    register_envs(env_id)
     env = make_vec_env(env_id, n_envs=n_envs, seed=seed, wrapper_class=wrapper)
     return VecNormalize(env, gamma=gamma) if normalize else env
+
+
+def register_envs(env_id: str) -> None:
+    """
+    Make ``env_id`` known to gymnasium in this process: the maskable example's task, or rl-zoo's ``*NoVel`` envs
+    (registered by importing ``rl_zoo3.import_envs``, only when needed: it tries many optional packages).
+    """
+    if env_id in gym.registry:
+        return
+    if env_id == MACHINE_SCHEDULING:
+        gym.register(MACHINE_SCHEDULING, entry_point=machine_scheduling_env)
+    else:
+        import rl_zoo3.import_envs  # noqa: F401
 
 
 def evaluate(model: Any, env_id: str, seed: int, episodes: int, wrapper: Callable[[Any], Any] | None = None) -> float:
     """
     Mean return of ``episodes`` deterministic episodes on a fresh env, with the training env's observation
-    normalization frozen (rewards are the environment's own).
+    normalization frozen (rewards are the environment's own). MaskablePPO is evaluated with the env's action masks
+    (sb3-contrib's ``evaluate_policy``), as it is trained; RecurrentPPO's ``predict`` carries its LSTM states.
     """
+    from sb3_contrib import MaskablePPO
+    from sb3_contrib.common.maskable.evaluation import evaluate_policy as evaluate_masked
     from stable_baselines3.common.evaluation import evaluate_policy
     from stable_baselines3.common.vec_env import VecNormalize
 
@@ -215,7 +322,8 @@ def evaluate(model: Any, env_id: str, seed: int, episodes: int, wrapper: Callabl
     if isinstance(train_env, VecNormalize):
         eval_env = VecNormalize(eval_env, training=False, norm_reward=False, gamma=train_env.gamma)
         eval_env.obs_rms = train_env.obs_rms
-    mean_return, _ = evaluate_policy(model, eval_env, n_eval_episodes=episodes)
+    evaluate_ = evaluate_masked if isinstance(model, MaskablePPO) else evaluate_policy
+    mean_return, _ = evaluate_(model, eval_env, n_eval_episodes=episodes)
     return float(mean_return)
 
 
@@ -235,6 +343,42 @@ def episode_curve_callback() -> Any:
             return True
 
     return EpisodeCurve()
+
+
+def masked_actions_callback() -> Any:
+    """
+    A callback counting, in ``.count``, the actions MaskablePPO sampled although the env's mask forbade them: with
+    raw logits spread by more than sb3-contrib's masking constant (-1e8), the mask no longer removes an action.
+    """
+    from stable_baselines3.common.callbacks import BaseCallback
+
+    class MaskedActions(BaseCallback):
+        def __init__(self) -> None:
+            super().__init__()
+            self.count = 0
+
+        def _on_step(self) -> bool:
+            masks = self.locals.get("action_masks")
+            if masks is not None:
+                actions = np.asarray(self.locals["actions"]).reshape(len(masks))
+                self.count += int((~np.asarray(masks, dtype=bool)[np.arange(len(masks)), actions]).sum())
+            return True
+
+    return MaskedActions()
+
+
+def log_std_max(model: Any) -> float | None:
+    """The largest log-std entry at the end (NaN if some entry is NaN), None for a policy without a log-std."""
+    import torch as th
+
+    from sb3_safe.common.exploration import policy_log_std
+
+    found = policy_log_std(model)
+    if found is None:
+        return None
+    with th.no_grad():
+        log_std = found[0].detach()
+        return float("nan") if bool(log_std.isnan().any()) else float(log_std.max())
 
 
 def log_std_collapsed(model: Any) -> bool | None:
@@ -282,14 +426,17 @@ def train(
     :param eval_wrapper: wrapper of the evaluation env (observation changes, not reward changes)
     :param prepare: called on the model before training (e.g. to push a bias into saturation)
     :param curve: record training episode returns
-    :return: one JSONL row (wall and CPU seconds of ``learn()``, error, finiteness, return, guard counts)
+    :return: one JSONL row (wall and CPU seconds of ``learn()``, error, finiteness, return, guard counts, the final
+        log-std's largest entry; MaskablePPO: the actions sampled against the mask)
     """
     env = make_env(env_id, config.n_envs, seed, wrapper, config.normalize, config.gamma)
     model = build_model(variant, env, seed, config.kwargs)
     if prepare is not None:
         prepare(model)
     guard = make_guard(variant)
-    callbacks = [cb for cb in (guard, episode_curve_callback() if curve else None) if cb is not None]
+    curve_callback = episode_curve_callback() if curve else None
+    masked = masked_actions_callback() if variant.algo == "MaskablePPO" else None
+    callbacks = [cb for cb in (guard, curve_callback, masked) if cb is not None]
     error = None
     wall, cpu = time.perf_counter(), time.process_time()
     try:
@@ -322,9 +469,11 @@ def train(
         guard_rollbacks=None if guard is None else guard.n_rollbacks,
         guard_stopped=None if guard is None else guard.stop_reason is not None,
         log_std_collapsed=log_std_collapsed(model),
+        log_std_max=log_std_max(model),
+        masked_actions=None if masked is None else masked.count,
     )
-    if curve:
-        row["curve"] = callbacks[-1].points
+    if curve_callback is not None:
+        row["curve"] = curve_callback.points
     env.close()
     return row
 

@@ -1,8 +1,11 @@
 """
 Learning parity: stock SB3 vs sb3-safe with rl-zoo's tuned hyperparameters (identical for both), several seeds.
 
-PPO vs KLAdaptivePPO on CartPole-v1, Pendulum-v1, Hopper-v5; A2C vs SafeA2C on the same and Acrobot-v1.
-Reports final mean return +- std over seeds (deterministic evaluation) and learning curves.
+PPO vs KLAdaptivePPO on CartPole-v1, Pendulum-v1, Hopper-v5; A2C vs SafeA2C on the same and Acrobot-v1;
+sb3-contrib's RecurrentPPO with its MlpLstmPolicy vs SafeMlpLstmPolicy on CartPoleNoVel-v1 (zoo's ``ppo_lstm``
+entry), and MaskablePPO with its MlpPolicy vs SafeMaskableMlpPolicy on ``examples/maskable.py``'s task (with the
+example's settings: rl-zoo has no MaskablePPO file). Reports final mean return +- std over seeds (deterministic
+evaluation) and learning curves.
 """
 
 import warnings
@@ -15,7 +18,16 @@ from benchmarks import common
 
 SUITE = "learning"
 #: (stock, safe) compared in each family
-PAIRS = {"PPO": ("PPO", "KLAdaptivePPO"), "A2C": ("A2C", "SafeA2C")}
+PAIRS = {
+    "PPO": ("PPO", "KLAdaptivePPO"),
+    "A2C": ("A2C", "SafeA2C"),
+    "RecurrentPPO": ("RecurrentPPO", "RecurrentPPO+SafeMlpLstmPolicy"),
+    "MaskablePPO": ("MaskablePPO", "MaskablePPO+SafeMaskableMlpPolicy"),
+}
+#: Section titles of the families without a safe algorithm class (the others: "<stock> vs <safe>")
+TITLES = {"RecurrentPPO": "RecurrentPPO: stock vs safe policy", "MaskablePPO": "MaskablePPO: stock vs safe policy"}
+#: Families whose safe variant is a safe algorithm (skipped optimizer steps, KL beta)
+SAFE_ALGORITHMS = ("PPO", "A2C")
 #: Training timesteps per (family, env) and size (0: not run at that size); zoo's budgets are in the report
 BUDGETS: dict[tuple[str, str], dict[str, int]] = {
     ("PPO", "CartPole-v1"): dict(tiny=512, quick=4_096, full=51_200),
@@ -25,6 +37,11 @@ BUDGETS: dict[tuple[str, str], dict[str, int]] = {
     ("A2C", "Acrobot-v1"): dict(tiny=0, quick=4_000, full=75_000),
     ("A2C", "Pendulum-v1"): dict(tiny=0, quick=4_000, full=100_000),
     ("A2C", "Hopper-v5"): dict(tiny=0, quick=1_000, full=20_000),
+    # Half of zoo's 1e5 (one rollout: 8 envs x 32 steps): LSTM updates are slow on a CPU, about 2.5 min per run on
+    # one shared core, and both policies reach most of CartPoleNoVel's 500 by then
+    ("RecurrentPPO", "CartPoleNoVel-v1"): dict(tiny=256, quick=4_096, full=49_152),
+    # The example's budget; one rollout is 4 envs x 128 steps
+    ("MaskablePPO", common.MACHINE_SCHEDULING): dict(tiny=512, quick=4_096, full=100_352),
 }
 SEEDS = {"tiny": (0,), "quick": (0,), "full": (0, 1, 2)}
 EVAL_EPISODES = {"tiny": 1, "quick": 3, "full": 10}
@@ -44,7 +61,7 @@ def jobs(size: str) -> list[tuple[str, str, str, int, int, int]]:
 def run_job(job: tuple[str, str, str, int, int, int]) -> list[dict[str, Any]]:
     """Train and evaluate one (family, env, variant, seed)."""
     family, env_id, variant, seed, timesteps, episodes = job
-    config = common.zoo_config(common.ZOO_FILE[family], env_id)
+    config = common.family_config(family, env_id)
     row = common.train(common.VARIANTS[variant], env_id, config, timesteps, seed, episodes, curve=True)
     return [dict(family=family, **row)]
 
@@ -61,19 +78,21 @@ def budget(size: str) -> dict[str, Any]:
 def report(out: Path) -> None:
     """``learning.md`` (one table per family) and ``learning_<env>.png`` (curves) from ``learning.jsonl``."""
     meta, runs = common.read_jsonl(out / f"{SUITE}.jsonl")
-    keys = sorted({(row["family"], row["env"]) for row in runs}, key=lambda key: (key[0] != "PPO", key[1]))
+    keys = sorted({(row["family"], row["env"]) for row in runs}, key=lambda key: (list(PAIRS).index(key[0]), key[1]))
     zoo_lines = [
-        common.describe_zoo(common.zoo_config(common.ZOO_FILE[family], env_id), _timesteps(runs, family, env_id))
-        + f" [{family}]"
+        common.describe_zoo(common.family_config(family, env_id), _timesteps(runs, family, env_id)) + f" [{family}]"
         for family, env_id in keys
     ]
     lines = common.report_header(
         "Learning parity: stock SB3 vs sb3-safe (rl-zoo hyperparameters)",
         meta,
         [
-            "Hyperparameters: rl-zoo's tuned entries read from the installed `rl_zoo3/hyperparams/{ppo,a2c}.yml`"
-            " (Hopper-v5 uses the Hopper-v4 entry), identical for stock and safe; the safe algorithms add their"
-            " defaults (safe MlpPolicy; KLAdaptivePPO: d_targ 0.01, beta0 1, bounds (1e-4, 1e3)).",
+            "Hyperparameters: rl-zoo's tuned entries read from the installed"
+            " `rl_zoo3/hyperparams/{ppo,a2c,ppo_lstm}.yml` (Hopper-v5 uses the Hopper-v4 entry); MaskablePPO (no zoo"
+            " file): the settings of `examples/maskable.py`; identical for stock and safe; the safe algorithms add their"
+            " defaults (safe MlpPolicy; KLAdaptivePPO: d_targ 0.01, beta0 1, bounds (1e-4, 1e3)); RecurrentPPO and"
+            " MaskablePPO keep the algorithm and change only the policy (SafeMlpLstmPolicy, SafeMaskableMlpPolicy with"
+            " their defaults). MaskablePPO is evaluated with the env's action masks, as it is trained.",
             f"Seeds {meta.get('budget', {}).get('seeds')}; final return: deterministic policy,"
             f" {meta.get('budget', {}).get('eval_episodes')} evaluation episodes on a fresh env (frozen observation"
             " normalization), mean +- std over seeds. Curves: mean of the last 20 training episodes, seed mean,"
@@ -106,7 +125,7 @@ def report(out: Path) -> None:
                     _verdict(finals[stock], finals[safe]),
                     f"{wall:.2f} / {cpu:.2f}",
                     f"{failures[0]} / {failures[1]}",
-                    skipped,
+                    *([skipped] if family in SAFE_ALGORITHMS else []),
                     *([betas] if family == "PPO" else []),
                 ]
             )
@@ -119,10 +138,12 @@ def report(out: Path) -> None:
             "safe no worse within seed noise?",
             f"time ratio {safe}/{stock} wall / CPU",
             f"failures {stock} / {safe}",
-            f"{safe} skipped steps",
+            *([f"{safe} skipped steps"] if family in SAFE_ALGORITHMS else []),
             *(["final beta per seed"] if family == "PPO" else []),
         ]
-        lines += [f"## {stock} vs {safe}", "", *common.table(header, rows), ""]
+        lines += [f"## {TITLES.get(family, f'{stock} vs {safe}')}", "", *common.table(header, rows), ""]
+        if family == "MaskablePPO":
+            lines += [_maskable_reference(), ""]
     lines += [
         "'No worse within seed noise': safe mean >= stock mean - (stock std + safe std), the std over seeds.",
         "",
@@ -130,6 +151,17 @@ def report(out: Path) -> None:
     ]
     common.write_report(out / f"{SUITE}.md", lines)
     plot(runs, out)
+
+
+def _maskable_reference() -> str:
+    """What the example's scripted schedules earn on its task, for reading the MaskablePPO returns."""
+    example = common.maskable_example()
+    best, random = (example.scripted_return(choose, seed=0) for choose in (example.best_ready, example.random_ready))
+    return (
+        f"{common.MACHINE_SCHEDULING} (`examples/maskable.py`, {example.EPISODE_LENGTH} steps per episode): the optimal"
+        f" schedule earns {example.optimal_return():.1f}, always the best ready machine {best:.1f}, a random ready"
+        f" machine {random:.1f} (100 episodes)."
+    )
 
 
 def _select(runs: list[dict[str, Any]], family: str, env_id: str, variant: str) -> list[dict[str, Any]]:

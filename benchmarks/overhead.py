@@ -1,5 +1,8 @@
 """
-Overhead: steps per second of stock SB3 and the sb3-safe variants on healthy runs, CartPole-v1 and Hopper-v5.
+Overhead: steps per second of stock SB3 and the sb3-safe variants on healthy runs: PPO, A2C and the safe
+algorithms on CartPole-v1 and Hopper-v5; sb3-contrib's RecurrentPPO (stock vs SafeMlpLstmPolicy) on
+CartPoleNoVel-v1 and MaskablePPO (stock vs SafeMaskableMlpPolicy) on ``examples/maskable.py``'s task, with the
+settings of the learning suite.
 
 All variants of one environment run in one process, each with its own model trained chunk by chunk, interleaved
 (the order rotates from round to round, so drifts in machine load do not favour any variant); each variant is
@@ -20,7 +23,6 @@ import numpy as np
 from benchmarks import common
 
 SUITE = "overhead"
-ENVS = ("CartPole-v1", "Hopper-v5")
 VARIANTS = (
     "PPO",
     "PPO(foreach)",
@@ -35,6 +37,14 @@ VARIANTS = (
     "SafeA2C+guard(raise)",
     "SafeA2C+guard",
 )
+#: The variants timed against each other on each environment (one process per environment and replica)
+ENV_VARIANTS = {
+    "CartPole-v1": VARIANTS,
+    "Hopper-v5": VARIANTS,
+    "CartPoleNoVel-v1": ("RecurrentPPO", "RecurrentPPO(foreach)", "RecurrentPPO+SafeMlpLstmPolicy"),
+    common.MACHINE_SCHEDULING: ("MaskablePPO", "MaskablePPO(foreach)", "MaskablePPO+SafeMaskableMlpPolicy"),
+}
+ENVS = tuple(ENV_VARIANTS)
 #: (variant, baseline, target time ratio): policy+algorithm <= 3 %, guard <= 2 %. Against "(foreach)" baselines:
 #: the cost of the safety alone, without the speed-up of sb3-safe's default optimizer implementation
 COMPARISONS = (
@@ -49,15 +59,19 @@ COMPARISONS = (
     ("KLAdaptivePPO+guard", "KLAdaptivePPO", 1.02),
     ("SafeA2C+guard(raise)", "SafeA2C", 1.02),
     ("SafeA2C+guard", "SafeA2C", 1.02),
+    ("RecurrentPPO+SafeMlpLstmPolicy", "RecurrentPPO", 1.03),
+    ("RecurrentPPO+SafeMlpLstmPolicy", "RecurrentPPO(foreach)", 1.03),
+    ("MaskablePPO+SafeMaskableMlpPolicy", "MaskablePPO", 1.03),
+    ("MaskablePPO+SafeMaskableMlpPolicy", "MaskablePPO(foreach)", 1.03),
 )
 ROUNDS = {"tiny": 1, "quick": 2, "full": 4}
 #: Independent processes per environment, each with its own models (seed = replica index)
 REPLICAS = {"tiny": 1, "quick": 1, "full": 3}
-#: Timesteps per measured run, per env and size
+#: Timesteps per measured run, per env and size (RecurrentPPO: rollouts of 8 x 32 steps; MaskablePPO: 4 x 128)
 TIMESTEPS = {
-    "tiny": {"CartPole-v1": 256},
-    "quick": {"CartPole-v1": 1_024, "Hopper-v5": 512},
-    "full": {"CartPole-v1": 6_144, "Hopper-v5": 1_536},
+    "tiny": {"CartPole-v1": 256, "CartPoleNoVel-v1": 256, common.MACHINE_SCHEDULING: 512},
+    "quick": {"CartPole-v1": 1_024, "Hopper-v5": 512, "CartPoleNoVel-v1": 512, common.MACHINE_SCHEDULING: 2_048},
+    "full": {"CartPole-v1": 6_144, "Hopper-v5": 1_536, "CartPoleNoVel-v1": 2_048, common.MACHINE_SCHEDULING: 8_192},
 }
 #: Least coverage of the confidence interval reported for each median ratio
 MEDIAN_CI_COVERAGE = 0.9
@@ -85,11 +99,11 @@ def run_job(job: tuple[str, int, int, int]) -> list[dict[str, Any]]:
     construction (allocations, env start-up) does not add its noise to the timings.
     """
     env_id, timesteps, rounds, replica = job
-    configs = {zoo: common.zoo_config(zoo, env_id) for zoo in ("ppo", "a2c")}
+    names = ENV_VARIANTS[env_id]
     models, guards = {}, {}
-    for name in VARIANTS:
+    for name in names:
         variant = common.VARIANTS[name]
-        config = configs[common.ZOO_FILE[variant.algo]]
+        config = common.family_config(variant.algo, env_id)
         env = common.make_env(env_id, config.n_envs, seed=replica, normalize=config.normalize, gamma=config.gamma)
         models[name] = common.build_model(variant, env, seed=replica, kwargs=config.kwargs)
         guards[name] = common.make_guard(variant)
@@ -115,12 +129,12 @@ def run_job(job: tuple[str, int, int, int]) -> list[dict[str, Any]]:
         )
 
     # Imports, allocator, optimizer state and the guard's first snapshot must not land on a measured chunk
-    for name in VARIANTS if rounds > 1 else ():
+    for name in names if rounds > 1 else ():
         measure(name, models[name].n_steps * models[name].n_envs)
     rows = []
     for round_ in range(rounds):
-        shift = round_ % len(VARIANTS)
-        for position, name in enumerate(VARIANTS[shift:] + VARIANTS[:shift]):
+        shift = round_ % len(names)
+        for position, name in enumerate(names[shift:] + names[:shift]):
             row = measure(name, timesteps)
             rows.append(
                 dict(
@@ -140,7 +154,12 @@ def run_job(job: tuple[str, int, int, int]) -> list[dict[str, Any]]:
 
 def budget(size: str) -> dict[str, Any]:
     """The budget recorded in the JSONL meta row."""
-    return dict(replicas=REPLICAS[size], rounds=ROUNDS[size], timesteps=TIMESTEPS[size], variants=list(VARIANTS))
+    return dict(
+        replicas=REPLICAS[size],
+        rounds=ROUNDS[size],
+        timesteps=TIMESTEPS[size],
+        variants={env_id: list(ENV_VARIANTS[env_id]) for env_id in TIMESTEPS[size]},
+    )
 
 
 def ratios(runs: list[dict[str, Any]], env_id: str, variant: str, baseline: str, key: str) -> list[float]:
@@ -198,9 +217,9 @@ def report(out: Path) -> None:
             " timed: each chunk's `learn(..., reset_num_timesteps=False)`. Every (replica, round) gives one ratio.",
             "Hyperparameters: "
             + "; ".join(
-                common.describe_zoo(common.zoo_config(fam, env_id), budget_.get("timesteps", {}).get(env_id, 0))
+                common.describe_zoo(common.family_config(family, env_id), budget_.get("timesteps", {}).get(env_id, 0))
                 for env_id in envs
-                for fam in ("ppo", "a2c")
+                for family in _families(env_id)
             ),
             "Guard: `+guard` is `NonFiniteGuardCallback(on_nonfinite='rollback')` (snapshots policy, optimizer and"
             " VecNormalize at each passed check: the mode the stress suite uses); `+guard(raise)` is the default mode"
@@ -213,6 +232,8 @@ def report(out: Path) -> None:
             " not met: all of it is above; otherwise the machine's noise decides (the median's side is shown).",
             "`(foreach)` baselines: stock SB3 with its optimizer stepping `foreach=True`, as sb3-safe's policies do by"
             " default (same values): comparing with them isolates the cost of the safety from that speed-up.",
+            "RecurrentPPO and MaskablePPO (sb3-contrib): the stock algorithm with its policy vs the same algorithm with"
+            " sb3-safe's policy (SafeMlpLstmPolicy, SafeMaskableMlpPolicy), on the learning suite's settings.",
         ],
     )
     rows = []
@@ -254,16 +275,30 @@ def report(out: Path) -> None:
     plot(runs, envs, out)
 
 
+def _families(env_id: str) -> list[str]:
+    """The algorithm families timed on ``env_id`` (one settings line each in the report)."""
+    families = {"PPO": "PPO", "KLAdaptivePPO": "PPO", "A2C": "A2C", "SafeA2C": "A2C"}
+    algos = [common.VARIANTS[name].algo for name in ENV_VARIANTS[env_id]]
+    return list(dict.fromkeys(families.get(algo, algo) for algo in algos))
+
+
 def plot(runs: list[dict[str, Any]], envs: list[str], out: Path) -> None:
     """Median wall ratio per comparison and env, with its confidence interval and the targets."""
     plt = common.pyplot()
-    figure, axes = plt.subplots(1, len(envs), figsize=(6 * len(envs), 4.5), squeeze=False)
-    labels = [f"{variant}\n/ {baseline}" for variant, baseline, _ in COMPARISONS]
-    x = np.arange(len(COMPARISONS))
+    # Each panel's width follows its number of comparisons (12 for PPO / A2C, 2 for an sb3-contrib algorithm)
+    compared = {env_id: [c for c in COMPARISONS if ratios(runs, env_id, c[0], c[1], "wall_s")] for env_id in envs}
+    envs = [env_id for env_id in envs if compared[env_id]]
+    widths = [max(len(compared[env_id]), 4) for env_id in envs]
+    figure, axes = plt.subplots(
+        1, len(envs), figsize=(0.5 * sum(widths) + 2 * len(envs), 4.5), squeeze=False, gridspec_kw=dict(width_ratios=widths)
+    )
     for axis, env_id in zip(axes[0], envs, strict=True):
+        comparisons = compared[env_id]
+        labels = [f"{variant}\n/ {baseline}" for variant, baseline, _ in comparisons]
+        x = np.arange(len(comparisons))
         medians, errors = [], []
-        for variant, baseline, _ in COMPARISONS:
-            wall = ratios(runs, env_id, variant, baseline, "wall_s") or [np.nan]
+        for variant, baseline, _ in comparisons:
+            wall = ratios(runs, env_id, variant, baseline, "wall_s")
             median = statistics.median(wall)
             low, high, _ = median_interval(wall)
             medians.append(median)
@@ -273,6 +308,7 @@ def plot(runs: list[dict[str, Any]], envs: list[str], out: Path) -> None:
             axis.axhline(target, color="gray", linestyle=style, linewidth=1, label=f"target {target}")
         axis.axhline(1.0, color="black", linewidth=0.8)
         axis.set_xticks(x, labels, rotation=45, ha="right", fontsize=7)
-        axis.set(title=f"{env_id}: time ratio vs baseline", ylabel="time ratio", ylim=(0.8, None))
+        axis.set(ylabel="time ratio", ylim=(0.8, None))
+        axis.set_title(f"{env_id}:\ntime ratio vs baseline", fontsize=10)
         axis.legend(fontsize=7)
     common.save_figure(figure, out / "overhead.png")

@@ -3,9 +3,12 @@ Stress: realistic misconfigurations, short runs, stock SB3 vs sb3-safe.
 
 Each configuration starts from rl-zoo's tuned entry and breaks one thing the way users do (learning rate far too
 high, unnormalized reward or observation scale, extreme initial log-std, many epochs on tiny minibatches, rare
-reward spikes, high RMSprop learning rate on a discrete actor, a squashed Gaussian driven into saturation). Each
-runs for stock SB3, SB3 with the safe policy, the safe algorithm, and the safe algorithm with the guard in rollback
-mode. Per run: exception (type and first line), non-finite parameters at the end, guard events, final return.
+reward spikes, high RMSprop learning rate on a discrete actor, a squashed Gaussian driven into saturation), plus
+sb3-contrib's RecurrentPPO and MaskablePPO in the setups where their stock policies failed. Each runs for stock
+SB3, SB3 with the safe policy, the safe algorithm, and the safe algorithm with the guard in rollback mode (for the
+sb3-contrib algorithms, which have no safe algorithm class: the safe policy with the guard). Per run: exception
+(type and first line), non-finite parameters at the end, guard events, final return, the final log-std's largest
+entry, and for MaskablePPO the actions sampled although the mask forbade them.
 """
 
 import functools
@@ -24,9 +27,25 @@ SUITE = "stress"
 #: policy with the log-std's lower bound at -5 instead of the default -20 (continuous actions only): which lower
 #: bound keeps more runs exploring
 ROLES = ("stock SB3", "safe policy", "safe algorithm", "safe algorithm + guard", "safe policy, log-std >= -5")
-FAMILY_VARIANTS = {
+#: One variant per role, None where the role does not exist: sb3-contrib's algorithms have no safe algorithm class,
+#: so their guard role is the stock algorithm with the safe policy and the guard; MaskablePPO has no log-std
+FAMILY_VARIANTS: dict[str, tuple[str | None, ...]] = {
     "PPO": ("PPO", "PPO+SafeMlpPolicy", "KLAdaptivePPO", "KLAdaptivePPO+guard", "PPO+SafeMlpPolicy(lo=-5)"),
     "A2C": ("A2C", "A2C+SafeMlpPolicy", "SafeA2C", "SafeA2C+guard", "A2C+SafeMlpPolicy(lo=-5)"),
+    "RecurrentPPO": (
+        "RecurrentPPO",
+        "RecurrentPPO+SafeMlpLstmPolicy",
+        None,
+        "RecurrentPPO+SafeMlpLstmPolicy+guard",
+        "RecurrentPPO+SafeMlpLstmPolicy(lo=-5)",
+    ),
+    "MaskablePPO": (
+        "MaskablePPO",
+        "MaskablePPO+SafeMaskableMlpPolicy",
+        None,
+        "MaskablePPO+SafeMaskableMlpPolicy+guard",
+        None,
+    ),
 }
 #: Roles that need a log-std (continuous actions)
 CONTINUOUS_ONLY_ROLES = ("safe policy, log-std >= -5",)
@@ -92,10 +111,11 @@ class StressConfig:
 
     :param name: short id
     :param description: what is broken, for the report
-    :param family: ``"PPO"`` or ``"A2C"``
+    :param family: ``"PPO"``, ``"A2C"``, ``"RecurrentPPO"`` or ``"MaskablePPO"``
     :param env_id: the environment
     :param timesteps: training budget per size
-    :param overrides: replace rl-zoo's hyperparameters
+    :param overrides: replace rl-zoo's hyperparameters (MaskablePPO: the maskable example's)
+    :param zoo: start from rl-zoo's entry (the example's for MaskablePPO); False: from the library's defaults
     :param wrapper: training env wrapper
     :param eval_wrapper: evaluation env wrapper (observation changes only, so returns stay in the task's units)
     :param prepare: called on the model before training
@@ -110,6 +130,7 @@ class StressConfig:
     wrapper: Callable[[Any], Any] | None = None
     eval_wrapper: Callable[[Any], Any] | None = None
     prepare: Callable[[Any], None] | None = None
+    zoo: bool = True
 
 
 def _steps(tiny: int, quick: int, full: int) -> dict[str, int]:
@@ -117,6 +138,7 @@ def _steps(tiny: int, quick: int, full: int) -> dict[str, int]:
 
 
 _OBS_1E4 = functools.partial(ScaleObservation, scale=1e4)
+_OBS_1E11 = functools.partial(ScaleObservation, scale=1e11)
 #: Zoo's Pendulum PPO collects 4 x 1024 steps per update; 4 x 256 gives a short run several updates
 _PENDULUM_PPO = dict(n_steps=256)
 CONFIGS = {
@@ -236,12 +258,50 @@ CONFIGS = {
             ),
             prepare=functools.partial(saturate_action_mean, bias=12.0),
         ),
+        StressConfig(
+            "recurrent_log_std",
+            "RecurrentPPO MountainCarContinuous-v0 (sb3-contrib's defaults: 1 env, no VecNormalize, no gSDE), learning"
+            " rate 0.1, ent_coef 0.3, n_steps 128, batch_size 128: the measured case (stock: `Expected parameter loc`"
+            " on 1 of 2 seeds, log-std 40.5 on the other, at 12k steps)",
+            "RecurrentPPO",
+            "MountainCarContinuous-v0",
+            _steps(256, 4_096, 12_000),
+            dict(learning_rate=0.1, ent_coef=0.3, n_steps=128, batch_size=128),
+            zoo=False,
+        ),
+        StressConfig(
+            "masked_large_logits",
+            "MaskablePPO on `examples/maskable.py`'s machine scheduling (its settings) with ReLU (zoo's usual activation),"
+            " observations in raw units x 1e11, no VecNormalize: raw logits of order 1e8-1e9, beyond sb3-contrib's"
+            " masking constant -1e8, so the mask stops removing actions. Stock raises nothing at this budget: its"
+            " failure is the actions taken against the mask",
+            "MaskablePPO",
+            common.MACHINE_SCHEDULING,
+            _steps(512, 4_096, 20_480),
+            dict(policy_kwargs="dict(net_arch=[64, 64], activation_fn=nn.ReLU)"),
+            wrapper=_OBS_1E11,
+            eval_wrapper=_OBS_1E11,
+        ),
+        StressConfig(
+            "masked_sgd_lr",
+            "MaskablePPO on `examples/maskable.py`'s machine scheduling (its settings), plain SGD at learning rate 0.3"
+            " without gradient clipping (max_grad_norm=inf; the example: Adam 1e-3, clipping 0.5): the first update"
+            " diverges",
+            "MaskablePPO",
+            common.MACHINE_SCHEDULING,
+            _steps(1_024, 4_096, 20_480),
+            dict(
+                learning_rate=0.3,
+                max_grad_norm=float("inf"),
+                policy_kwargs="dict(net_arch=[64, 64], optimizer_class=th.optim.SGD)",
+            ),
+        ),
     )
 }
 SEEDS = {"tiny": (0,), "quick": (0,), "full": (0, 1, 2)}
 EVAL_EPISODES = {"tiny": 1, "quick": 2, "full": 5}
-#: The tiny size (the test) runs two cheap configurations only
-TINY_CONFIGS = ("lr_100x_ppo", "reward_spikes_1e6")
+#: The tiny size (the test) runs cheap configurations only (MaskablePPO's SGD case crashes stock at its second rollout)
+TINY_CONFIGS = ("lr_100x_ppo", "reward_spikes_1e6", "masked_sgd_lr", "recurrent_log_std")
 
 
 def jobs(size: str) -> list[tuple[str, str, int, int, int]]:
@@ -256,12 +316,13 @@ def jobs(size: str) -> list[tuple[str, str, int, int, int]]:
 
 
 def variants(config: StressConfig) -> list[str]:
-    """The config's variants, one per role (roles that need a log-std only for continuous actions)."""
+    """The config's variants, one per role the family has (roles that need a log-std only for continuous actions)."""
+    common.register_envs(config.env_id)
     continuous = isinstance(gym.make(config.env_id).action_space, gym.spaces.Box)
     return [
         variant
         for role, variant in zip(ROLES, FAMILY_VARIANTS[config.family], strict=True)
-        if continuous or role not in CONTINUOUS_ONLY_ROLES
+        if variant is not None and (continuous or role not in CONTINUOUS_ONLY_ROLES)
     ]
 
 
@@ -269,7 +330,10 @@ def run_job(job: tuple[str, str, int, int, int]) -> list[dict[str, Any]]:
     """Train one (config, variant, seed); crashes are results."""
     name, variant, seed, timesteps, episodes = job
     config = CONFIGS[name]
-    zoo = common.zoo_config(common.ZOO_FILE[config.family], config.env_id, **config.overrides)
+    if config.zoo:
+        zoo = common.family_config(config.family, config.env_id, **config.overrides)
+    else:
+        zoo = common.other_config(f"{config.family}'s defaults", config.env_id, **config.overrides)
     row = common.train(
         common.VARIANTS[variant],
         config.env_id,
@@ -296,8 +360,8 @@ def budget(size: str) -> dict[str, Any]:
 
 
 def _healthy(row: dict[str, Any]) -> bool:
-    """Finished ``learn()`` without an exception, with finite parameters."""
-    return not row["error"] and row["params_finite"]
+    """Finished ``learn()`` without an exception, with finite parameters (MaskablePPO: no action against the mask)."""
+    return not row["error"] and row["params_finite"] and not row.get("masked_actions")
 
 
 def report(out: Path) -> None:
@@ -311,13 +375,21 @@ def report(out: Path) -> None:
             f"Budget: seeds {meta.get('budget', {}).get('seeds')}, timesteps per run"
             f" {meta.get('budget', {}).get('timesteps')}; final return: deterministic policy,"
             f" {meta.get('budget', {}).get('eval_episodes')} episodes of the unmodified task (observation scaling kept).",
-            "Start: rl-zoo's tuned entry for the env (`rl_zoo3/hyperparams/{ppo,a2c}.yml`), then one thing broken.",
-            "Roles: stock SB3 (PPO / A2C, MlpPolicy); safe policy (PPO / A2C with SafeMlpPolicy); safe algorithm"
-            " (KLAdaptivePPO / SafeA2C); safe algorithm + `NonFiniteGuardCallback(on_nonfinite='rollback')`"
-            " (max 3 rollbacks, then it stops training, which is counted as 'stopped by guard'); safe policy with"
-            " `log_std_range=(-5, 2)` instead of the default (-20, 2) (continuous actions only, 'n/a' otherwise).",
+            "Start: rl-zoo's tuned entry for the env (`rl_zoo3/hyperparams/{ppo,a2c}.yml`), then one thing broken;"
+            " RecurrentPPO: sb3-contrib's defaults plus the settings of the measured case; MaskablePPO (no zoo file):"
+            " the settings of `examples/maskable.py`.",
+            "Roles: stock SB3 (PPO / A2C, MlpPolicy; sb3-contrib's RecurrentPPO / MaskablePPO with their MlpLstmPolicy"
+            " / MlpPolicy); safe policy (the same algorithm with SafeMlpPolicy, SafeMlpLstmPolicy or"
+            " SafeMaskableMlpPolicy); safe algorithm (KLAdaptivePPO / SafeA2C; 'n/a' for the sb3-contrib algorithms,"
+            " which have none); safe algorithm + `NonFiniteGuardCallback(on_nonfinite='rollback')` (for the"
+            " sb3-contrib algorithms: the safe policy + the guard; max 3 rollbacks, then it stops training, which is"
+            " counted as 'stopped by guard'); safe policy with `log_std_range=(-5, 2)` instead of the default (-20, 2)"
+            " (continuous actions only, 'n/a' otherwise).",
             "Ended with exploration collapsed: some log-std entry at the lower bound of the policy's range at the end"
-            " (sb3-safe's `log_std_range`; -20 for stock policies), finite but no longer exploring.",
+            " (sb3-safe's `log_std_range`; -20 for stock policies), finite but no longer exploring. Final log-std max:"
+            " the largest log-std entry at the end, per seed (stock policies have no upper bound; sb3-safe's is 2).",
+            "Actions against the mask (MaskablePPO): training actions sampled although the env's mask forbade them;"
+            " a run with any is not counted as healthy.",
         ],
     )
     summary, details = [], []
@@ -326,7 +398,7 @@ def report(out: Path) -> None:
         cells = [f"`{name}`"]
         for role, variant in zip(ROLES, FAMILY_VARIANTS[config.family], strict=True):
             selected = [row for row in runs if row["config"] == name and row["variant"] == variant]
-            if not selected:
+            if variant is None or not selected:
                 cells.append("n/a")
                 continue
             healthy = sum(_healthy(row) for row in selected)
@@ -343,13 +415,15 @@ def report(out: Path) -> None:
                     _sum(selected, "guard_rollbacks"),
                     _sum(selected, "guard_stopped"),
                     _sum(selected, "log_std_collapsed"),
+                    _per_seed(selected, "log_std_max"),
+                    _sum(selected, "masked_actions"),
                     common.mean_std(row["final_return"] for row in selected),
                     "<br>".join(errors) or "-",
                 ]
             )
         summary.append([*cells, config.description])
     lines += [
-        "## Runs that finished with finite parameters and no exception",
+        "## Runs that finished with finite parameters and no exception (MaskablePPO: and no action against the mask)",
         "",
         *common.table(["config", *ROLES, "misconfiguration"], summary),
         "",
@@ -367,6 +441,8 @@ def report(out: Path) -> None:
                 "guard rollbacks",
                 "stopped by guard",
                 "ended with exploration collapsed",
+                "final log-std max per seed",
+                "actions against the mask",
                 "final return",
                 "exceptions (type: first line)",
             ],
@@ -382,6 +458,14 @@ def _sum(rows: list[dict[str, Any]], key: str) -> int | str:
     return int(sum(values)) if values else "-"
 
 
+def _per_seed(rows: list[dict[str, Any]], key: str) -> str:
+    """The rows' values of ``key`` in seed order (``-`` if none has one)."""
+    values = [row.get(key) for row in sorted(rows, key=lambda row: row["seed"])]
+    return (
+        "-" if all(value is None for value in values) else " / ".join(f"{value:.3g}" for value in values if value is not None)
+    )
+
+
 def plot(runs: list[dict[str, Any]], names: list[str], out: Path) -> None:
     """Share of healthy runs per configuration and role."""
     plt = common.pyplot()
@@ -395,6 +479,10 @@ def plot(runs: list[dict[str, Any]], names: list[str], out: Path) -> None:
             shares.append(np.mean([_healthy(row) for row in selected]) if selected else np.nan)
         axis.bar(x + (index - (len(ROLES) - 1) / 2) * width, shares, width=width, label=role)
     axis.set_xticks(x, names, rotation=30, ha="right", fontsize=8)
-    axis.set(ylabel="share of runs: no exception, finite params", ylim=(0, 1.25), title="Stress: runs that stayed finite")
+    axis.set(
+        ylabel="share of runs: no exception, finite params\n(MaskablePPO: mask respected)",
+        ylim=(0, 1.25),
+        title="Stress: runs that stayed finite",
+    )
     axis.legend(fontsize=7, loc="upper center", ncol=3)
     common.save_figure(figure, out / "stress.png")

@@ -1,31 +1,67 @@
 """The benchmark harness runs end to end at a tiny budget (the numbers are not checked, only their shape)."""
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from benchmarks.__main__ import main
 from benchmarks.overhead import median_interval, verdict
+from benchmarks.stress import TINY_CONFIGS
+
+# The stress suite's guard rolls back a diverged update on purpose, with a warning each time
+pytestmark = pytest.mark.filterwarnings("ignore::sb3_safe.NonFiniteGuardWarning")
 
 #: Columns every run row has, and the ones each suite adds
 COMMON_KEYS = {"kind", "variant", "env", "seed", "timesteps", "wall_s", "cpu_s", "error", "params_finite", "final_return"}
 SUITE_KEYS = {
     "overhead": {"replica", "round", "position", "steps_per_s", "cpu_steps_per_s"},
-    "learning": {"family", "curve", "skipped_updates", "kl_beta"},
-    "stress": {"config", "role", "guard_rollbacks", "guard_stopped"},
+    "learning": {"family", "curve", "skipped_updates", "kl_beta", "log_std_max", "masked_actions"},
+    "stress": {"config", "role", "guard_rollbacks", "guard_stopped", "log_std_max", "masked_actions"},
+}
+#: sb3-contrib's algorithms, stock and with sb3-safe's policies: in every suite, also at the tiny budget
+CONTRIB_VARIANTS = {"RecurrentPPO", "RecurrentPPO+SafeMlpLstmPolicy", "MaskablePPO", "MaskablePPO+SafeMaskableMlpPolicy"}
+#: Report lines naming the sb3-contrib families
+CONTRIB_LINES = {
+    "overhead": ["| CartPoleNoVel-v1 | RecurrentPPO+SafeMlpLstmPolicy | RecurrentPPO |", "| MachineScheduling-v0 |"],
+    "learning": ["## RecurrentPPO: stock vs safe policy", "## MaskablePPO: stock vs safe policy"],
+    "stress": ["| `recurrent_log_std` | 1/1 | 1/1 | n/a | 1/1 | 1/1 |", "| `masked_sgd_lr` |"],
 }
 TABLE_HEADERS = {
     "overhead": "| env | variant | baseline | steps/s (median) | wall ratio (median) |",
     "learning": "| env | PPO return | KLAdaptivePPO return |",
     "stress": "| config | stock SB3 | safe policy | safe algorithm | safe algorithm + guard |",
 }
-PLOTS = {"overhead": ["overhead.png"], "learning": ["learning_CartPole-v1.png"], "stress": ["stress.png"]}
+PLOTS = {
+    "overhead": ["overhead.png"],
+    "learning": ["learning_CartPole-v1.png", "learning_CartPoleNoVel-v1.png", "learning_MachineScheduling-v0.png"],
+    "stress": ["stress.png"],
+}
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """Run a suite at the tiny budget once per module (several tests read its output); returns its folder."""
+    folders: dict[str, Path] = {}
+
+    def run(suite: str) -> Path:
+        if suite not in folders:
+            folders[suite] = tmp_path_factory.mktemp(suite)
+            main(["run", suite, "--size", "tiny", "--jobs", "1", "--out", str(folders[suite])])
+        return folders[suite]
+
+    return run
+
+
+def run_rows(out: Path, suite: str) -> list[dict]:
+    """The run rows of a suite's JSONL."""
+    return [row for row in map(json.loads, (out / f"{suite}.jsonl").read_text().splitlines()) if row["kind"] == "run"]
 
 
 @pytest.mark.parametrize("suite", sorted(SUITE_KEYS))
-def test_suite_runs_end_to_end(suite: str, tmp_path: Path) -> None:
-    main(["run", suite, "--size", "tiny", "--jobs", "1", "--out", str(tmp_path)])
+def test_suite_runs_end_to_end(suite: str, tiny_run: Callable[[str], Path]) -> None:
+    tmp_path = tiny_run(suite)
 
     lines = [json.loads(line) for line in (tmp_path / f"{suite}.jsonl").read_text().splitlines()]
     metas = [row for row in lines if row["kind"] == "meta"]
@@ -33,18 +69,36 @@ def test_suite_runs_end_to_end(suite: str, tmp_path: Path) -> None:
     assert metas[-1]["command"] == f"python -m benchmarks run {suite} --size tiny --jobs 1 --out {tmp_path}"
     assert {"cpu", "cores", "sb3", "torch", "sb3_safe", "budget", "wall_s"} <= set(metas[-1])
     assert runs and all(COMMON_KEYS | SUITE_KEYS[suite] <= set(row) for row in runs)
-    # Stock SB3 and sb3-safe side by side in the same invocation
-    assert {"PPO", "KLAdaptivePPO"} <= {row["variant"] for row in runs}
+    # Stock SB3 and sb3-safe side by side in the same invocation, sb3-contrib's algorithms included
+    assert {"PPO", "KLAdaptivePPO"} | CONTRIB_VARIANTS <= {row["variant"] for row in runs}
 
     report = (tmp_path / f"{suite}.md").read_text()
     assert f"Command: `{metas[-1]['command']}`" in report
     assert TABLE_HEADERS[suite] in report
+    assert all(line in report for line in CONTRIB_LINES[suite])
     assert all((tmp_path / png).stat().st_size > 0 for png in PLOTS[suite])
 
     # The report is rebuilt from the JSONL alone, keeping notes written below the marker
     (tmp_path / f"{suite}.md").write_text(report + "my reading\n")
     main(["report", suite, "--out", str(tmp_path)])
     assert (tmp_path / f"{suite}.md").read_text().endswith("my reading\n")
+
+
+def test_stress_rows_record_log_std_and_masked_actions(tiny_run: Callable[[str], Path]) -> None:
+    """The log-std's largest entry where the policy has one, the actions against the mask for MaskablePPO only."""
+    assert {"recurrent_log_std", "masked_sgd_lr"} <= set(TINY_CONFIGS)
+    runs = run_rows(tiny_run("stress"), "stress")
+    for row in runs:
+        recurrent, masked = row["variant"].startswith("RecurrentPPO"), row["variant"].startswith("MaskablePPO")
+        assert (row["log_std_max"] is not None) == recurrent, row
+        assert (row["masked_actions"] is not None) == masked, row
+        if recurrent and row["variant"] != "RecurrentPPO":
+            assert row["log_std_max"] <= 2.0  # the safe policy's upper bound
+    # Stock MaskablePPO diverges at its first SGD update (its second rollout); the guard rolls back and goes on
+    by_variant = {row["variant"]: row for row in runs if row["config"] == "masked_sgd_lr"}
+    assert by_variant["MaskablePPO"]["error"].startswith("ValueError: Expected parameter logits")
+    assert by_variant["MaskablePPO+SafeMaskableMlpPolicy+guard"]["guard_rollbacks"] >= 1
+    assert by_variant["MaskablePPO+SafeMaskableMlpPolicy+guard"]["params_finite"]
 
 
 def test_median_interval_uses_order_statistics_with_exact_coverage() -> None:
