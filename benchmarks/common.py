@@ -119,19 +119,13 @@ def machine_scheduling_env() -> gym.Env:
 
 def maskable_config(**overrides: Any) -> ZooConfig:
     """
-    MaskablePPO's settings of ``examples/maskable.py`` (rl-zoo has no MaskablePPO file): the same values as the
-    example's ``main()`` (4 envs, 100k steps), with ``overrides``.
+    MaskablePPO's settings of ``examples/maskable.py`` (rl-zoo has no MaskablePPO file), with ``overrides``.
     """
-    kwargs: dict[str, Any] = dict(
-        n_steps=128,
-        batch_size=128,
-        n_epochs=10,
-        gamma=0.99,
-        learning_rate=1e-3,
-        ent_coef=0.01,
-        policy_kwargs=dict(net_arch=[64, 64]),
+    example = maskable_example()
+    kwargs = {**example.HYPERPARAMS, **overrides}
+    return other_config(
+        "`examples/maskable.py`", MACHINE_SCHEDULING, n_envs=example.N_ENVS, timesteps=example.TIMESTEPS, **kwargs
     )
-    return other_config("`examples/maskable.py`", MACHINE_SCHEDULING, n_envs=4, timesteps=100_000, **{**kwargs, **overrides})
 
 
 def family_config(family: str, env_id: str, **overrides: Any) -> ZooConfig:
