@@ -10,7 +10,8 @@ Each suite writes ``<out>/<suite>.jsonl`` (a meta row with command, machine, ver
 per run), ``<out>/<suite>.md`` and PNG plots. Default out: ``benchmarks/results``.
 Wall time with ``--jobs 2`` on the 2 shared CPU cores of the committed results: quick 2.5 min for all three
 suites (measured before the sb3-contrib families were added, quiet machine); full 11.4 min (stress), 11.1 min
-(learning), 5.5 min (overhead), as written in each report. With other jobs on the machine (load 6 on 2 cores was seen here) up to three times that.
+(learning), 5.5 min (overhead), as written in each report. With other jobs on the machine (load 6 on 2 cores
+was seen here) up to three times that.
 """
 
 import argparse
