@@ -223,15 +223,55 @@ def _read_metadata(path: Path, report: DoctorReport) -> None:
 def _named_tensors(params: dict[str, Any], variables: dict[str, Any] | None) -> list[tuple[str, th.Tensor]]:
     """Every floating-point tensor of the file, named like the guard names them."""
     named: list[tuple[str, th.Tensor]] = []
+    modules = {name: state_dict for name, state_dict in params.items() if not _is_optimizer(state_dict)}
     for dict_name, state_dict in params.items():
-        if "state" in state_dict and "param_groups" in state_dict:
-            # An optimizer: parameters are stored by index, in the optimizer's order
+        if _is_optimizer(state_dict):
+            names = _optimizer_parameter_names(dict_name, state_dict, modules)
             for index, state in state_dict["state"].items():
-                named += [(f"{dict_name}.state[{index}].{key}", value) for key, value in state.items()]
+                param = names.get(index, str(index))
+                named += [(f"{dict_name}.state[{param}].{key}", value) for key, value in state.items()]
         else:
             named += [(f"{dict_name}.{key}", value) for key, value in state_dict.items()]
     named += list((variables or {}).items())
     return [(name, value) for name, value in named if isinstance(value, th.Tensor) and value.is_floating_point()]
+
+
+def _is_optimizer(state_dict: dict[str, Any]) -> bool:
+    return "state" in state_dict and "param_groups" in state_dict
+
+
+def _optimizer_parameter_names(
+    optimizer_name: str, optimizer: dict[str, Any], modules: dict[str, dict[str, Any]]
+) -> dict[int, str]:
+    """
+    The parameter name of each index of a saved optimizer, as the guard names them (``policy.mlp_extractor...``), or
+    {} when the file does not tell them apart.
+
+    A saved optimizer keeps its parameters by index, in the order they were given to it: the parameters of one
+    module (``critic.optimizer``: the policy's ``critic.``), or of one of its top-level parts (DQN: ``q_net.``).
+    The first such run of a module's floating-point tensors whose count and shapes match every state entry names
+    them; buffers among them, or no match, leave the indices.
+    """
+    indices = [index for group in optimizer["param_groups"] for index in group["params"]]
+    owner = optimizer_name.removesuffix(".optimizer")  # "policy" (its own), "critic" (a part of the policy)
+    for module_name, state_dict in modules.items():
+        floats = [
+            (key, value) for key, value in state_dict.items() if isinstance(value, th.Tensor) and value.is_floating_point()
+        ]
+        parts = dict.fromkeys(key.split(".", 1)[0] + "." for key, _ in floats)
+        for group in ("" if owner == module_name else f"{owner}.", *parts):
+            candidates = [(key, value) for key, value in floats if key.startswith(group)]
+            if len(candidates) != len(indices):
+                continue
+            pairs = list(zip(indices, candidates, strict=True))
+            if all(_state_shapes_match(optimizer["state"].get(index, {}), value) for index, (_, value) in pairs):
+                return {index: f"{module_name}.{key}" for index, (key, _) in pairs}
+    return {}
+
+
+def _state_shapes_match(state: dict[str, Any], param: th.Tensor) -> bool:
+    # Per-parameter optimizer state (Adam's moments, RMSprop's square average) has the parameter's shape
+    return all(value.shape == param.shape for value in state.values() if isinstance(value, th.Tensor) and value.dim() > 0)
 
 
 def _beyond_limits(policy: list[tuple[str, th.Tensor]], report: DoctorReport) -> list[BeyondLimit]:
