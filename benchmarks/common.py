@@ -259,10 +259,18 @@ def build_model(variant: Variant, env: Any, seed: int, kwargs: dict[str, Any]) -
 
 
 def make_guard(variant: Variant) -> Any:
-    """A fresh guard callback for the variant, or None."""
+    """
+    A fresh guard callback for the variant, or None. Its events are counted in the JSONL rows; its per-event report
+    goes to the temporary folder, not to the working directory the benchmark runs in.
+    """
+    import tempfile
+
     from sb3_safe import NonFiniteGuardCallback
 
-    return None if variant.guard is None else NonFiniteGuardCallback(on_nonfinite=variant.guard)
+    if variant.guard is None:
+        return None
+    report_dir = os.path.join(tempfile.gettempdir(), "sb3_safe_benchmark_guard")
+    return NonFiniteGuardCallback(on_nonfinite=variant.guard, report_dir=report_dir)
 
 
 # --------------------------------------------------------------------------------------------------------------
