@@ -225,9 +225,8 @@ def check_algo(algo: str) -> None:
     :raises ZooUsageError: naming the close matches, if rl_zoo3 (with sb3-safe's algorithms) does not know it
     """
     if algo not in ALGOS:
-        matches = _close_matches(algo, ALGOS)
-        hint = f"did you mean: {', '.join(matches)}?" if matches else f"choose from: {', '.join(ALGOS)}"
-        raise ZooUsageError(f"unknown algorithm {algo!r}; {hint}")
+        hint = _did_you_mean(algo, ALGOS) or f"; choose from: {', '.join(ALGOS)}"
+        raise ZooUsageError(f"unknown algorithm {algo!r}{hint}")
 
 
 def check_env(env_id: str) -> None:
@@ -236,9 +235,8 @@ def check_env(env_id: str) -> None:
     :raises ZooUsageError: naming the close matches, if gymnasium's registry does not hold it
     """
     if env_id not in gym.registry:
-        matches = _close_matches(env_id, gym.registry)
-        hint = f"did you mean: {', '.join(matches)}?" if matches else "no close match in gymnasium's registry"
-        raise ZooUsageError(f"unknown environment id {env_id!r}; {hint}")
+        hint = _did_you_mean(env_id, gym.registry) or "; no close match in gymnasium's registry"
+        raise ZooUsageError(f"unknown environment id {env_id!r}{hint}")
 
 
 def _one_line(text: str) -> str:
@@ -499,9 +497,8 @@ def explain_unexpected_keyword(error: TypeError, algo: str) -> str | None:
     if owner != algo_class.__name__:
         return f"{owner} does not accept the keyword {key!r} (from policy_kwargs, env_kwargs or a callback or wrapper)"
     accepted = [name for name in inspect.signature(algo_class).parameters if name != "env" and not name.startswith("_")]
-    matches = _close_matches(key, accepted)
-    hint = f"did you mean: {', '.join(matches)}?" if matches else f"it takes: {', '.join(accepted)}"
-    return f"algorithm {algo} ({algo_class.__name__}) does not accept the config key {key!r}; {hint}"
+    hint = _did_you_mean(key, accepted) or f"; it takes: {', '.join(accepted)}"
+    return f"algorithm {algo} ({algo_class.__name__}) does not accept the config key {key!r}{hint}"
 
 
 def _close_match_hint(error: Exception, message: str) -> str:
