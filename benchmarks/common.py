@@ -70,11 +70,26 @@ def zoo_config(algo: str, env_id: str, **overrides: Any) -> ZooConfig:
     :param overrides: keyword arguments replacing or adding to the zoo's (strings are parsed like zoo's)
     """
     import rl_zoo3
+
+    return config_from_file(Path(rl_zoo3.__file__).parent / "hyperparams" / f"{algo}.yml", algo, env_id, **overrides)
+
+
+def config_from_file(path: Path, algo: str, env_id: str, **overrides: Any) -> ZooConfig:
+    """
+    An entry of an rl-zoo-format YAML file (rl-zoo's own or ``sb3_safe/zoo_configs/``), read as ``zoo_config``
+    reads rl-zoo's. A ``callback`` entry is kept out of ``kwargs`` (the variant chooses the guard).
+
+    :param path: the YAML file
+    :param algo: its name in reports (e.g. ``"kl_ppo"``)
+    :param env_id: the environment; ``-v5`` falls back to the ``-v4`` entry when the file has no ``-v5`` one
+    :param overrides: keyword arguments replacing or adding to the file's
+    """
     import yaml
 
-    entries = yaml.safe_load((Path(rl_zoo3.__file__).parent / "hyperparams" / f"{algo}.yml").read_text())
+    entries = yaml.safe_load(path.read_text())
     key = env_id if env_id in entries else env_id.replace("-v5", "-v4")
     hyperparams = dict(entries[key])
+    hyperparams.pop("callback", None)
     hyperparams.update(overrides)
     normalize = hyperparams.pop("normalize", False)
     if isinstance(normalize, str):  # zoo allows "dict(norm_obs=..., ...)"; not used by the entries read here

@@ -1,0 +1,98 @@
+"""
+Aggregate statistics for few-seed results, as recommended by Agarwal et al. 2021 ("Deep RL at the edge of the
+statistical precipice") and computed with their library ``rliable``: the interquartile mean (IQM) with a
+stratified bootstrap confidence interval, and performance profiles (the share of runs above each score).
+
+Scores are normalized per task before they are pooled across tasks: ``(score - low) / (high - low)`` with the
+task's reference scores (e.g. random and tuned return), so that a single IQM can summarize several tasks.
+"""
+
+from typing import Any
+
+import numpy as np
+
+#: Bootstrap resamples and confidence level of every interval in the reports
+BOOTSTRAP_REPS = 2000
+CONFIDENCE = 0.95
+
+
+def iqm(scores: np.ndarray) -> float:
+    """Interquartile mean of all entries of a ``(runs, tasks)`` score matrix (NaN entries dropped)."""
+    from rliable import metrics
+
+    return float(metrics.aggregate_iqm(scores[np.isfinite(scores)].reshape(-1, 1)))
+
+
+def iqm_with_interval(scores: dict[str, np.ndarray], seed: int = 0) -> dict[str, tuple[float, float, float]]:
+    """
+    IQM and its stratified bootstrap confidence interval per variant.
+
+    :param scores: per variant, a ``(runs, tasks)`` matrix (rows: seeds; columns: tasks or grid cells)
+    :return: per variant ``(iqm, low, high)``
+    """
+    from rliable import library
+
+    intervals: dict[str, tuple[float, float, float]] = {}
+    for name, matrix in scores.items():
+        # rliable's bootstrap draws with numpy's global generator: seed it so a report is reproducible
+        np.random.seed(seed)
+        point, interval = library.get_interval_estimates(
+            {name: np.asarray(matrix, dtype=float)},
+            lambda x: np.array([_iqm_of(x)]),
+            reps=BOOTSTRAP_REPS,
+            confidence_interval_size=CONFIDENCE,
+        )
+        intervals[name] = (float(point[name][0]), float(interval[name][0, 0]), float(interval[name][1, 0]))
+    return intervals
+
+
+def _iqm_of(matrix: np.ndarray) -> float:
+    from rliable import metrics
+
+    return float(metrics.aggregate_iqm(matrix))
+
+
+def markdown_table(scores: dict[str, np.ndarray], digits: int = 1, label: str = "IQM") -> list[str]:
+    """A table of IQM [95 % CI] per variant, with the number of runs pooled."""
+    intervals = iqm_with_interval(scores)
+    rows = [
+        f"| {name} | {point:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}] | {np.asarray(scores[name]).size} |"
+        for name, (point, low, high) in intervals.items()
+    ]
+    return [
+        f"| variant | {label} [{CONFIDENCE:.0%} stratified bootstrap CI] | runs x tasks |",
+        "|---|---|---|",
+        *rows,
+    ]
+
+
+def performance_profile(
+    axis: Any, scores: dict[str, np.ndarray], thresholds: np.ndarray, xlabel: str = "normalized score"
+) -> None:
+    """
+    Draw performance profiles (share of runs with a score above each threshold) with their bootstrap bands.
+
+    :param axis: a matplotlib axis
+    :param scores: per variant, a ``(runs, tasks)`` matrix of normalized scores
+    """
+    from rliable import library, plot_utils
+
+    np.random.seed(0)
+    profiles, bands = library.create_performance_profile(
+        {name: np.asarray(matrix, dtype=float) for name, matrix in scores.items()}, thresholds, reps=BOOTSTRAP_REPS
+    )
+    plot_utils.plot_performance_profiles(
+        profiles,
+        thresholds,
+        performance_profile_cis=bands,
+        ax=axis,
+        xlabel=xlabel,
+        labelsize="medium",
+        ticklabelsize="small",
+        legend=True,
+    )
+
+
+def normalize(values: np.ndarray, low: float, high: float) -> np.ndarray:
+    """``(values - low) / (high - low)``: 0 at ``low`` (e.g. a random policy), 1 at ``high`` (e.g. the tuned return)."""
+    return (np.asarray(values, dtype=float) - low) / (high - low)
