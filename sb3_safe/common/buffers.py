@@ -2,18 +2,23 @@
 Rollout buffers that also keep the parameters of the policy that collected the rollout, for an analytic
 ``KL(pi_old || pi)`` (see :mod:`sb3_safe.common.kl`).
 
-The old parameters are computed once per rollout, when SB3 calls ``compute_returns_and_advantage`` right after
-the last environment step: the policy is then still the one that acted (and in eval mode), and rollout-end
-callbacks, which may change it, have not run yet. That is one batched forward pass of the actor over the
-rollout, instead of one more per environment step. Memory: ``2 * action_dim`` floats per sample for Gaussians,
-the number of logits for discrete actions, nothing for distributions without an analytic KL (gSDE).
+The old parameters come from the forward pass that chose the actions: a forward hook on the policy records
+the distribution it built (SB3's action distributions keep the last one), and ``add`` stores it with the step.
+No extra actor pass per rollout, and the parameters are those of the policy that acted even if a callback
+changes the policy during collection. Where the acting forward pass was not seen (a callback called the
+policy between the step and ``add``, or a custom collection loop), ``add`` computes the parameters from the
+current policy for that step and warns once. Memory: ``2 * action_dim`` floats per sample for Gaussians, the
+number of logits for discrete actions, nothing for distributions without an analytic KL (gSDE).
 
 The squashed action is all that is needed to recompute the squashed Gaussian's log-prob exactly
 (:class:`~sb3_safe.common.distributions.SquashedBoundedGaussianDistribution` never inverts a saturated tanh),
 so no pre-squash action is stored.
 """
 
+import warnings
+import weakref
 from collections.abc import Generator
+from functools import partial
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -27,8 +32,14 @@ from stable_baselines3.common.vec_env import VecNormalize
 
 from sb3_safe.common.kl import distribution_params, has_analytic_kl
 
-#: Observations per forward pass when computing the old parameters (bounds memory with image observations)
-_CHUNK_SIZE = 1024
+
+def _record_acting_distribution(
+    buffer_ref: "weakref.ref[KLRolloutBuffer]", policy: ActorCriticPolicy, inputs: Any, outputs: tuple[th.Tensor, ...]
+) -> None:
+    """Forward hook: keep the actions and the distribution parameters of the pass for the buffer's next ``add``."""
+    buffer = buffer_ref()
+    if buffer is not None:
+        buffer._acting = (outputs[0].detach(), distribution_params(policy.action_dist).detach())
 
 
 class KLRolloutBufferSamples(NamedTuple):
@@ -64,38 +75,56 @@ class KLRolloutBuffer(RolloutBuffer):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.policy: ActorCriticPolicy | None = None
+        #: (actions, distribution parameters) of the policy's latest forward pass, until ``add`` takes them
+        self._acting: tuple[th.Tensor, th.Tensor] | None = None
+        self._warned_recomputed = False
         super().__init__(*args, **kwargs)
 
     def attach_policy(self, policy: ActorCriticPolicy) -> None:
         """
+        Record the distribution of every forward pass of ``policy`` (the pass that chooses the actions).
+
         :param policy: the policy that collects the rollouts
         """
         self.policy = policy
+        if has_analytic_kl(policy.action_dist):
+            # A weak reference: the hook must not keep a replaced buffer (and its arrays) alive through the policy
+            policy.register_forward_hook(partial(_record_acting_distribution, weakref.ref(self)))
 
     def reset(self) -> None:
         super().reset()
-        self.old_dist_params = np.zeros((self.buffer_size, self.n_envs, 0), dtype=np.float32)
+        width = self.old_dist_params.shape[-1] if hasattr(self, "old_dist_params") else 0
+        self.old_dist_params = np.zeros((self.buffer_size, self.n_envs, width), dtype=np.float32)
 
-    def compute_returns_and_advantage(self, last_values: th.Tensor, dones: np.ndarray) -> None:
-        super().compute_returns_and_advantage(last_values, dones)
-        self.old_dist_params = self._compute_old_dist_params()
-
-    def _observation_chunk(self, start: int, stop: int) -> th.Tensor | TensorDict:
-        return obs_as_tensor(self.observations[start:stop].reshape(-1, *self.obs_shape), self.device)
-
-    @th.no_grad()
-    def _compute_old_dist_params(self) -> np.ndarray:
+    def add(self, obs: Any, action: np.ndarray, *args: Any, **kwargs: Any) -> None:
         if self.policy is None:
             raise RuntimeError(f"{type(self).__name__}.attach_policy(policy) must be called before collecting rollouts")
-        if not has_analytic_kl(self.policy.action_dist):
-            return np.zeros((self.buffer_size, self.n_envs, 0), dtype=np.float32)
-        steps_per_chunk = max(1, _CHUNK_SIZE // self.n_envs)
-        chunks = []
-        for start in range(0, self.buffer_size, steps_per_chunk):
-            stop = min(start + steps_per_chunk, self.buffer_size)
-            distribution = self.policy.get_distribution(self._observation_chunk(start, stop))
-            chunks.append(distribution_params(distribution).cpu().numpy().reshape(stop - start, self.n_envs, -1))
-        return np.concatenate(chunks).astype(np.float32, copy=False)
+        if has_analytic_kl(self.policy.action_dist):
+            params = self._acting_params(obs, action)
+            if params.shape[-1] != self.old_dist_params.shape[-1]:  # first step: the width is known now
+                self.old_dist_params = np.zeros((self.buffer_size, self.n_envs, params.shape[-1]), dtype=np.float32)
+            self.old_dist_params[self.pos] = params
+        super().add(obs, action, *args, **kwargs)
+
+    def _acting_params(self, obs: Any, action: np.ndarray) -> np.ndarray:
+        """The parameters recorded by the forward pass that chose ``action``, else the current policy's."""
+        assert self.policy is not None
+        acting, self._acting = self._acting, None
+        if acting is not None:
+            actions, params = acting
+            if np.array_equal(actions.cpu().numpy().reshape(-1), np.asarray(action).reshape(-1)):
+                return params.cpu().numpy().reshape(self.n_envs, -1)
+        if not self._warned_recomputed:
+            warnings.warn(
+                "The forward pass that chose these actions was not recorded (a callback called the policy between "
+                "the environment step and the rollout buffer's add(), or collect_rollouts does not call the policy); "
+                "the old distribution parameters of such steps are computed from the current policy.",
+                stacklevel=2,
+            )
+            self._warned_recomputed = True
+        with th.no_grad():
+            distribution = self.policy.get_distribution(obs_as_tensor(obs, self.device))
+            return distribution_params(distribution).cpu().numpy().reshape(self.n_envs, -1)
 
     def get(self, batch_size: int | None = None) -> Generator[KLRolloutBufferSamples, None, None]:  # type: ignore[override]
         if not self.generator_ready:
@@ -120,11 +149,6 @@ class KLDictRolloutBuffer(KLRolloutBuffer, DictRolloutBuffer):  # type: ignore[m
     observation_space: spaces.Dict
     obs_shape: dict[str, tuple[int, ...]]
     observations: dict[str, np.ndarray]
-
-    def _observation_chunk(self, start: int, stop: int) -> th.Tensor | TensorDict:
-        return obs_as_tensor(
-            {key: obs[start:stop].reshape(-1, *self.obs_shape[key]) for key, obs in self.observations.items()}, self.device
-        )
 
     def _get_samples(  # type: ignore[override]
         self, batch_inds: np.ndarray, env: VecNormalize | None = None
