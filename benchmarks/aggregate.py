@@ -7,6 +7,9 @@ Scores are normalized per task before they are pooled across tasks: ``(score - l
 task's reference scores (e.g. random and tuned return), so that a single IQM can summarize several tasks.
 """
 
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -14,6 +17,16 @@ import numpy as np
 #: Bootstrap resamples and confidence level of every interval in the reports
 BOOTSTRAP_REPS = 2000
 CONFIDENCE = 0.95
+
+
+@contextmanager
+def _seeded_bootstrap(seed: int = 0) -> Iterator[None]:
+    # rliable passes a RandomState to arch's bootstrap, which arch (>= 7) deprecates with a FutureWarning per call;
+    # arch's two-sample bootstrap also draws from numpy's global generator: seeded, so a report is reproducible
+    np.random.seed(seed)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "random_state is deprecated", FutureWarning)
+        yield
 
 
 def iqm(scores: np.ndarray) -> float:
@@ -34,16 +47,39 @@ def iqm_with_interval(scores: dict[str, np.ndarray], seed: int = 0) -> dict[str,
 
     intervals: dict[str, tuple[float, float, float]] = {}
     for name, matrix in scores.items():
-        # rliable's bootstrap draws with numpy's global generator: seed it so a report is reproducible
-        np.random.seed(seed)
-        point, interval = library.get_interval_estimates(
-            {name: np.asarray(matrix, dtype=float)},
-            lambda x: np.array([_iqm_of(x)]),
-            reps=BOOTSTRAP_REPS,
-            confidence_interval_size=CONFIDENCE,
-        )
+        with _seeded_bootstrap(seed):
+            point, interval = library.get_interval_estimates(
+                {name: np.asarray(matrix, dtype=float)},
+                lambda x: np.array([_iqm_of(x)]),
+                reps=BOOTSTRAP_REPS,
+                confidence_interval_size=CONFIDENCE,
+                random_state=np.random.RandomState(seed),
+            )
         intervals[name] = (float(point[name][0]), float(interval[name][0, 0]), float(interval[name][1, 0]))
     return intervals
+
+
+def probability_of_improvement(better: np.ndarray, other: np.ndarray, seed: int = 0) -> tuple[float, float, float]:
+    """
+    P(a run of ``better`` scores above a run of ``other`` on the same task), averaged over tasks, with its stratified
+    bootstrap confidence interval (rliable's ``probability_of_improvement``: the Mann-Whitney U statistic per task;
+    ties count one half). 0.5: no difference; the claim "no worse" holds where the interval's upper end is >= 0.5.
+
+    :param better: ``(runs, tasks)`` scores of the variant tested
+    :param other: ``(runs, tasks)`` scores of the reference, same tasks in the same columns
+    :return: ``(probability, low, high)``
+    """
+    from rliable import library, metrics
+
+    with _seeded_bootstrap(seed):
+        point, interval = library.get_interval_estimates(
+            {"pair": (np.asarray(better, dtype=float), np.asarray(other, dtype=float))},
+            lambda x, y: np.array([metrics.probability_of_improvement(x, y)]),
+            reps=BOOTSTRAP_REPS,
+            confidence_interval_size=CONFIDENCE,
+            random_state=np.random.RandomState(seed),
+        )
+    return float(point["pair"][0]), float(interval["pair"][0, 0]), float(interval["pair"][1, 0])
 
 
 def _iqm_of(matrix: np.ndarray) -> float:
@@ -77,10 +113,10 @@ def performance_profile(
     """
     from rliable import library, plot_utils
 
-    np.random.seed(0)
-    profiles, bands = library.create_performance_profile(
-        {name: np.asarray(matrix, dtype=float) for name, matrix in scores.items()}, thresholds, reps=BOOTSTRAP_REPS
-    )
+    with _seeded_bootstrap():
+        profiles, bands = library.create_performance_profile(
+            {name: np.asarray(matrix, dtype=float) for name, matrix in scores.items()}, thresholds, reps=BOOTSTRAP_REPS
+        )
     plot_utils.plot_performance_profiles(
         profiles,
         thresholds,

@@ -4,8 +4,9 @@ Learning parity: stock SB3 vs sb3-safe with rl-zoo's tuned hyperparameters (iden
 PPO vs KLAdaptivePPO on CartPole-v1, Pendulum-v1, Hopper-v5; A2C vs SafeA2C on the same and Acrobot-v1;
 sb3-contrib's RecurrentPPO with its MlpLstmPolicy vs SafeMlpLstmPolicy on CartPoleNoVel-v1 (zoo's ``ppo_lstm``
 entry), and MaskablePPO with its MlpPolicy vs SafeMaskableMlpPolicy on ``examples/maskable.py``'s task (with the
-example's settings: rl-zoo has no MaskablePPO file). Reports final mean return +- std over seeds (deterministic
-evaluation) and learning curves.
+example's settings: rl-zoo has no MaskablePPO file). Reports the final return per variant as the interquartile mean
+with a 95 % stratified bootstrap interval over seeds (deterministic evaluation; rliable), the probability that a
+safe run beats a stock run, and learning curves; per-seed returns stay in the JSONL.
 """
 
 import warnings
@@ -14,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks import common
+from benchmarks import aggregate, common
 
 SUITE = "learning"
 #: (stock, safe) compared in each family
@@ -95,7 +96,7 @@ def report(out: Path) -> None:
             " their defaults). MaskablePPO is evaluated with the env's action masks, as it is trained.",
             f"Seeds {meta.get('budget', {}).get('seeds')}; final return: deterministic policy,"
             f" {meta.get('budget', {}).get('eval_episodes')} evaluation episodes on a fresh env (frozen observation"
-            " normalization), mean +- std over seeds. Curves: mean of the last 20 training episodes, seed mean,"
+            " normalization), summarized over seeds with rliable (below each table). Curves: mean of the last 20 training episodes, seed mean,"
             " band min-max.",
             "Budgets (training timesteps per run; the zoo entry read):",
         ],
@@ -103,6 +104,7 @@ def report(out: Path) -> None:
     lines[-1:-1] = [f"  - {line}" for line in zoo_lines]
     for family, (stock, safe) in PAIRS.items():
         rows = []
+        paired_scores: list[tuple[list[float], list[float]]] = []
         for fam, env_id in keys:
             if fam != family:
                 continue
@@ -120,32 +122,39 @@ def report(out: Path) -> None:
             rows.append(
                 [
                     env_id,
-                    common.mean_std(finals[stock]),
-                    common.mean_std(finals[safe]),
-                    _verdict(finals[stock], finals[safe]),
+                    _iqm_text(finals[stock]),
+                    _iqm_text(finals[safe]),
+                    _improvement_text(finals[safe], finals[stock]),
                     f"{wall:.2f} / {cpu:.2f}",
                     f"{failures[0]} / {failures[1]}",
                     *([skipped] if family in SAFE_ALGORITHMS else []),
                     *([betas] if family == "PPO" else []),
                 ]
             )
+            paired_scores.append((finals[safe], finals[stock]))
         if not rows:
             continue
         header = [
             "env",
-            f"{stock} return",
-            f"{safe} return",
-            "safe no worse within seed noise?",
+            f"{stock} return IQM [95 % CI]",
+            f"{safe} return IQM [95 % CI]",
+            f"P({safe} > {stock}) [95 % CI]",
             f"time ratio {safe}/{stock} wall / CPU",
             f"failures {stock} / {safe}",
             *([f"{safe} skipped steps"] if family in SAFE_ALGORITHMS else []),
             *(["final beta per seed"] if family == "PPO" else []),
         ]
         lines += [f"## {TITLES.get(family, f'{stock} vs {safe}')}", "", *common.table(header, rows), ""]
+        if len(paired_scores) > 1:
+            lines += [_overall_improvement(paired_scores, safe, stock), ""]
         if family == "MaskablePPO":
             lines += [_maskable_reference(), ""]
     lines += [
-        "'No worse within seed noise': safe mean >= stock mean - (stock std + safe std), the std over seeds.",
+        "IQM: interquartile mean over seeds (with 3 seeds, their mean), 95 % stratified bootstrap interval (rliable,"
+        f" {aggregate.BOOTSTRAP_REPS} resamples). P(safe > stock): probability that a safe run's return exceeds a stock"
+        " run's on the same task (Mann-Whitney, ties 1/2), with its bootstrap interval; 0.5 is parity, and the safe"
+        " variant is shown worse only where the interval's upper end is below 0.5. With 3 seeds per side the"
+        " intervals are wide: they say how little 3 seeds can separate, not that the variants differ.",
         "",
         *[f"![{env_id}](learning_{env_id}.png)" for env_id in sorted({env for _, env in keys})],
     ]
@@ -172,14 +181,42 @@ def _timesteps(runs: list[dict[str, Any]], family: str, env_id: str) -> int:
     return max(row["timesteps"] for row in runs if row["family"] == family and row["env"] == env_id)
 
 
-def _verdict(stock: list[float], safe: list[float]) -> str:
-    """Whether the safe mean is within the summed seed std of the stock mean (or above it)."""
-    stock_a, safe_a = np.asarray(stock, dtype=float), np.asarray(safe, dtype=float)
-    if np.isfinite(safe_a).sum() < 2 or np.isfinite(stock_a).sum() < 2:
-        return "n/a (< 2 seeds)"
-    gap = np.nanmean(stock_a) - np.nanmean(safe_a)
-    noise = np.nanstd(stock_a) + np.nanstd(safe_a)
-    return "yes" if gap <= noise else f"**no** (gap {gap:.1f} > {noise:.1f})"
+def _finite_column(values: list[float]) -> np.ndarray:
+    """Finite returns as a ``(runs, 1)`` score matrix (one task)."""
+    array = np.asarray(values, dtype=float)
+    return array[np.isfinite(array)][:, None]
+
+
+def _iqm_text(values: list[float]) -> str:
+    """``IQM [low, high]`` over the finite returns, with ``(n=k)`` when some runs had none."""
+    scores = _finite_column(values)
+    if len(scores) < 2:
+        return "n/a (< 2 runs)"
+    point, low, high = aggregate.iqm_with_interval({"runs": scores})["runs"]
+    return f"{point:.1f} [{low:.1f}, {high:.1f}]" + ("" if len(scores) == len(values) else f" (n={len(scores)})")
+
+
+def _improvement_text(safe: list[float], stock: list[float]) -> str:
+    """P(safe > stock) with its interval, bold where the safe variant is worse beyond the interval."""
+    safe_scores, stock_scores = _finite_column(safe), _finite_column(stock)
+    if len(safe_scores) < 2 or len(stock_scores) < 2:
+        return "n/a (< 2 runs)"
+    point, low, high = aggregate.probability_of_improvement(safe_scores, stock_scores)
+    text = f"{point:.2f} [{low:.2f}, {high:.2f}]"
+    return f"**{text} (worse)**" if high < 0.5 else text
+
+
+def _overall_improvement(pairs: list[tuple[list[float], list[float]]], safe: str, stock: str) -> str:
+    """P(safe > stock) averaged over the family's tasks (the tasks' run counts must match), as a sentence."""
+    safe_matrix = np.column_stack([np.asarray(pair[0], dtype=float) for pair in pairs])
+    stock_matrix = np.column_stack([np.asarray(pair[1], dtype=float) for pair in pairs])
+    if not (np.isfinite(safe_matrix).all() and np.isfinite(stock_matrix).all()):
+        return "Over all tasks: n/a (some run has no finite return)."
+    point, low, high = aggregate.probability_of_improvement(safe_matrix, stock_matrix)
+    return (
+        f"Over all {len(pairs)} tasks: P({safe} > {stock}) = {point:.2f} [95 % CI {low:.2f}, {high:.2f}]"
+        " (averaged over tasks, stratified bootstrap over runs)."
+    )
 
 
 def plot(runs: list[dict[str, Any]], out: Path) -> None:
