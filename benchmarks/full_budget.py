@@ -10,7 +10,9 @@ are reset and the random state reseeded there; the rows say where a run was resu
 
 Usage::
 
-    python -m benchmarks.full_budget run [--jobs 1] [--seeds 0 1 2] [--max-minutes M]   # start or continue
+    python -m benchmarks.full_budget run [--jobs 1] [--seeds 0 1 2] [--variants V ...] [--max-minutes M]
+    python -m benchmarks.full_budget run --variants PPO &   # one process per variant, no two on one run
+    python -m benchmarks.full_budget run --variants KLAdaptivePPO+guard &
     python -m benchmarks.full_budget report                                             # markdown + PNG
 """
 
@@ -169,7 +171,7 @@ def run(args: argparse.Namespace) -> None:
     jobs = [
         (variant, seed, args.timesteps, args.eval_every, str(args.out), deadline)
         for seed in args.seeds
-        for variant in VARIANTS
+        for variant in args.variants
         if reached.get((variant, seed), 0) < args.timesteps
     ]
     meta = dict(kind="meta", suite=SUITE, command="python -m benchmarks.full_budget " + " ".join(sys.argv[1:]), jobs=args.jobs)
@@ -284,6 +286,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("action", choices=("run", "report"))
     parser.add_argument("--seeds", type=int, nargs="+", default=list(SEEDS))
+    parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS), help="e.g. one process per variant")
     parser.add_argument("--timesteps", type=int, default=TIMESTEPS)
     parser.add_argument("--eval-every", type=int, default=EVAL_EVERY)
     parser.add_argument("--jobs", type=int, default=1, help="parallel runs (default 1: leaves a core for other work)")
