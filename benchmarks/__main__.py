@@ -1,17 +1,21 @@
 """
-sb3-safe benchmark harness: overhead, learning parity and stress, stock SB3 vs sb3-safe in the same run.
+sb3-safe benchmark harness: overhead, learning parity, stress and a robustness map (learning rate x entropy
+coefficient around rl-zoo's tuned settings), stock SB3 vs sb3-safe in the same run.
 
 Usage::
 
-    python -m benchmarks run overhead|learning|stress|all [--quick | --size tiny|quick|full] [--jobs N] [--out DIR]
-    python -m benchmarks report overhead|learning|stress|all [--out DIR]   # tables and plots from the JSONL
+    python -m benchmarks run overhead|learning|stress|robustness|all [--quick | --size tiny|quick|full] [--jobs N]
+        [--out DIR]
+    python -m benchmarks report overhead|learning|stress|robustness|all [--out DIR]   # tables and plots from the JSONL
 
 Each suite writes ``<out>/<suite>.jsonl`` (a meta row with command, machine, versions and budget, then one row
 per run), ``<out>/<suite>.md`` and PNG plots. Default out: ``benchmarks/results``.
 Wall time with ``--jobs 2`` on the 2 shared CPU cores of the committed results: quick 2.5 min for all three
 suites (measured before the sb3-contrib families were added, quiet machine); full 11.4 min (stress), 11.1 min
 (learning), 5.5 min (overhead), as written in each report. With other jobs on the machine (load 6 on 2 cores
-was seen here) up to three times that.
+was seen here) up to three times that. The robustness suite (not in those figures) is the longest: its full size
+is estimated at about 55 min on two free cores, 75-90 min on shared ones (see ``benchmarks/robustness.py``), so
+``run all`` at full size now takes well over an hour.
 """
 
 import argparse
@@ -20,9 +24,14 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-from benchmarks import common, learning, overhead, stress
+from benchmarks import common, learning, overhead, robustness, stress
 
-SUITES: dict[str, ModuleType] = {"overhead": overhead, "learning": learning, "stress": stress}
+SUITES: dict[str, ModuleType] = {
+    "overhead": overhead,
+    "learning": learning,
+    "stress": stress,
+    "robustness": robustness,
+}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -216,6 +216,7 @@ VARIANTS = {
         Variant("PPO+SafeMlpPolicy", "PPO", safe_policy=True),
         Variant("PPO+SafeMlpPolicy(lo=-5)", "PPO", safe_policy=True, log_std_low=-5.0),
         Variant("PPO+guard(raise)", "PPO", guard="raise"),
+        Variant("PPO+SafeMlpPolicy+guard", "PPO", safe_policy=True, guard="rollback"),
         Variant("KLAdaptivePPO", "KLAdaptivePPO"),
         Variant("KLAdaptivePPO+guard(raise)", "KLAdaptivePPO", guard="raise"),
         Variant("KLAdaptivePPO+guard", "KLAdaptivePPO", guard="rollback"),

@@ -96,7 +96,8 @@ def report(out: Path) -> None:
             " their defaults). MaskablePPO is evaluated with the env's action masks, as it is trained.",
             f"Seeds {meta.get('budget', {}).get('seeds')}; final return: deterministic policy,"
             f" {meta.get('budget', {}).get('eval_episodes')} evaluation episodes on a fresh env (frozen observation"
-            " normalization), summarized over seeds with rliable (below each table). Curves: mean of the last 20 training episodes, seed mean,"
+            " normalization), summarized over seeds with rliable (below each table). Curves: mean of the last 20"
+            " training episodes, seed mean,"
             " band min-max.",
             "Budgets (training timesteps per run; the zoo entry read):",
         ],
