@@ -208,6 +208,8 @@ class Variant:
     log_std_low: float | None = None
 
 
+#: Off-policy algorithms timed with and without the guard (SB3's SAC, TD3, DQN)
+OFF_POLICY = ("SAC", "TD3", "DQN")
 VARIANTS = {
     variant.name: variant
     for variant in (
@@ -216,12 +218,15 @@ VARIANTS = {
         Variant("PPO+SafeMlpPolicy", "PPO", safe_policy=True),
         Variant("PPO+SafeMlpPolicy(lo=-5)", "PPO", safe_policy=True, log_std_low=-5.0),
         Variant("PPO+guard(raise)", "PPO", guard="raise"),
+        Variant("PPO+guard", "PPO", guard="rollback"),
         Variant("PPO+SafeMlpPolicy+guard", "PPO", safe_policy=True, guard="rollback"),
         Variant("KLAdaptivePPO", "KLAdaptivePPO"),
         Variant("KLAdaptivePPO+guard(raise)", "KLAdaptivePPO", guard="raise"),
         Variant("KLAdaptivePPO+guard", "KLAdaptivePPO", guard="rollback"),
         Variant("A2C", "A2C"),
         Variant("A2C(foreach)", "A2C", foreach=True),
+        Variant("A2C+guard(raise)", "A2C", guard="raise"),
+        Variant("A2C+guard", "A2C", guard="rollback"),
         Variant("A2C+SafeMlpPolicy", "A2C", safe_policy=True),
         Variant("A2C+SafeMlpPolicy(lo=-5)", "A2C", safe_policy=True, log_std_low=-5.0),
         Variant("SafeA2C", "SafeA2C"),
@@ -237,16 +242,32 @@ VARIANTS = {
         Variant("MaskablePPO(foreach)", "MaskablePPO", foreach=True),
         Variant("MaskablePPO+SafeMaskableMlpPolicy", "MaskablePPO", safe_policy=True),
         Variant("MaskablePPO+SafeMaskableMlpPolicy+guard", "MaskablePPO", safe_policy=True, guard="rollback"),
+        # Off-policy algorithms have no safe policy or algorithm here: the guard is what sb3-safe adds to them
+        *(
+            Variant(f"{algo}{suffix}", algo, guard=guard)
+            for algo in OFF_POLICY
+            for suffix, guard in (("", None), ("+guard(raise)", "raise"), ("+guard", "rollback"))
+        ),
     )
 }
 #: The zoo file each algorithm's hyperparameters come from (MaskablePPO: none, see ``family_config``)
-ZOO_FILE = {"PPO": "ppo", "KLAdaptivePPO": "ppo", "A2C": "a2c", "SafeA2C": "a2c", "RecurrentPPO": "ppo_lstm"}
+ZOO_FILE = {
+    "PPO": "ppo",
+    "KLAdaptivePPO": "ppo",
+    "A2C": "a2c",
+    "SafeA2C": "a2c",
+    "RecurrentPPO": "ppo_lstm",
+    "SAC": "sac",
+    "TD3": "td3",
+    "DQN": "dqn",
+}
 
 
 def build_model(variant: Variant, env: Any, seed: int, kwargs: dict[str, Any]) -> Any:
     """Construct the variant's model on ``env`` (CPU, quiet)."""
     from sb3_contrib import MaskablePPO, RecurrentPPO
-    from stable_baselines3 import A2C, PPO
+    from stable_baselines3 import A2C, DQN, PPO, SAC, TD3
+    from stable_baselines3.common.noise import NormalActionNoise
 
     from sb3_safe import KLAdaptivePPO, SafeA2C, SafeMaskableMlpPolicy, SafeMlpLstmPolicy, SafeMlpPolicy
     from sb3_safe.common.distributions import DEFAULT_LOG_STD_RANGE
@@ -258,7 +279,17 @@ def build_model(variant: Variant, env: Any, seed: int, kwargs: dict[str, Any]) -
         "SafeA2C": SafeA2C,
         "RecurrentPPO": RecurrentPPO,
         "MaskablePPO": MaskablePPO,
+        "SAC": SAC,
+        "TD3": TD3,
+        "DQN": DQN,
     }
+    if "noise_type" in kwargs:  # rl-zoo's action-noise keys, turned into the noise object as its ExperimentManager does
+        kwargs = dict(kwargs)
+        noise_type, noise_std = kwargs.pop("noise_type"), float(kwargs.pop("noise_std"))
+        if noise_type != "normal":
+            raise ValueError(f"noise_type={noise_type!r}: only 'normal' is supported here")
+        n_actions = env.action_space.shape[0]
+        kwargs["action_noise"] = NormalActionNoise(np.zeros(n_actions), noise_std * np.ones(n_actions))
     if variant.safe_policy:
         policy = {"RecurrentPPO": SafeMlpLstmPolicy, "MaskablePPO": SafeMaskableMlpPolicy}.get(variant.algo, SafeMlpPolicy)
     else:

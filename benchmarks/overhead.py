@@ -28,24 +28,33 @@ VARIANTS = (
     "PPO(foreach)",
     "PPO+SafeMlpPolicy",
     "PPO+guard(raise)",
+    "PPO+guard",
     "KLAdaptivePPO",
     "KLAdaptivePPO+guard(raise)",
     "KLAdaptivePPO+guard",
     "A2C",
     "A2C(foreach)",
+    "A2C+guard(raise)",
+    "A2C+guard",
     "SafeA2C",
     "SafeA2C+guard(raise)",
     "SafeA2C+guard",
 )
 #: The variants timed against each other on each environment (one process per environment and replica)
+OFF_POLICY_VARIANTS = {algo: (algo, f"{algo}+guard(raise)", f"{algo}+guard") for algo in common.OFF_POLICY}
 ENV_VARIANTS = {
-    "CartPole-v1": VARIANTS,
+    "CartPole-v1": VARIANTS + OFF_POLICY_VARIANTS["DQN"],
     "Hopper-v5": VARIANTS,
+    "Pendulum-v1": OFF_POLICY_VARIANTS["SAC"] + OFF_POLICY_VARIANTS["TD3"],
     "CartPoleNoVel-v1": ("RecurrentPPO", "RecurrentPPO(foreach)", "RecurrentPPO+SafeMlpLstmPolicy"),
     common.MACHINE_SCHEDULING: ("MaskablePPO", "MaskablePPO(foreach)", "MaskablePPO+SafeMaskableMlpPolicy"),
 }
 ENVS = tuple(ENV_VARIANTS)
-#: (variant, baseline, target time ratio): policy+algorithm <= 3 %, guard <= 2 %. Against "(foreach)" baselines:
+#: Settings changed from the zoo entry: DQN updates after every step (rl-zoo's CartPole entry: 128 gradient steps
+#: every 256 steps), the setting where a per-update cost weighs most
+OVERRIDES = {("DQN", "CartPole-v1"): dict(train_freq=1, gradient_steps=1)}
+#: (variant, baseline, target time ratio): <= 3 % for the safe policies and algorithms and for the guard on every
+#: algorithm (off-policy ones: the guard is all sb3-safe adds). Against "(foreach)" baselines:
 #: the cost of the safety alone, without the speed-up of sb3-safe's default optimizer implementation
 COMPARISONS = (
     ("PPO+SafeMlpPolicy", "PPO", 1.03),
@@ -54,11 +63,11 @@ COMPARISONS = (
     ("PPO+SafeMlpPolicy", "PPO(foreach)", 1.03),
     ("KLAdaptivePPO", "PPO(foreach)", 1.03),
     ("SafeA2C", "A2C(foreach)", 1.03),
-    ("PPO+guard(raise)", "PPO", 1.02),
-    ("KLAdaptivePPO+guard(raise)", "KLAdaptivePPO", 1.02),
-    ("KLAdaptivePPO+guard", "KLAdaptivePPO", 1.02),
-    ("SafeA2C+guard(raise)", "SafeA2C", 1.02),
-    ("SafeA2C+guard", "SafeA2C", 1.02),
+    *(
+        (f"{algo}{mode}", algo, 1.03)
+        for algo in ("PPO", "KLAdaptivePPO", "A2C", "SafeA2C", *common.OFF_POLICY)
+        for mode in ("+guard(raise)", "+guard")
+    ),
     ("RecurrentPPO+SafeMlpLstmPolicy", "RecurrentPPO", 1.03),
     ("RecurrentPPO+SafeMlpLstmPolicy", "RecurrentPPO(foreach)", 1.03),
     ("MaskablePPO+SafeMaskableMlpPolicy", "MaskablePPO", 1.03),
@@ -69,9 +78,21 @@ ROUNDS = {"tiny": 1, "quick": 2, "full": 4}
 REPLICAS = {"tiny": 1, "quick": 1, "full": 3}
 #: Timesteps per measured run, per env and size (RecurrentPPO: rollouts of 8 x 32 steps; MaskablePPO: 4 x 128)
 TIMESTEPS = {
-    "tiny": {"CartPole-v1": 256, "CartPoleNoVel-v1": 256, common.MACHINE_SCHEDULING: 512},
-    "quick": {"CartPole-v1": 1_024, "Hopper-v5": 512, "CartPoleNoVel-v1": 512, common.MACHINE_SCHEDULING: 2_048},
-    "full": {"CartPole-v1": 6_144, "Hopper-v5": 1_536, "CartPoleNoVel-v1": 2_048, common.MACHINE_SCHEDULING: 8_192},
+    "tiny": {"CartPole-v1": 256, "CartPoleNoVel-v1": 256, common.MACHINE_SCHEDULING: 512, "Pendulum-v1": 64},
+    "quick": {
+        "CartPole-v1": 1_024,
+        "Hopper-v5": 512,
+        "CartPoleNoVel-v1": 512,
+        common.MACHINE_SCHEDULING: 2_048,
+        "Pendulum-v1": 256,
+    },
+    "full": {
+        "CartPole-v1": 6_144,
+        "Hopper-v5": 1_536,
+        "CartPoleNoVel-v1": 2_048,
+        common.MACHINE_SCHEDULING: 8_192,
+        "Pendulum-v1": 1_000,
+    },
 }
 #: Least coverage of the confidence interval reported for each median ratio
 MEDIAN_CI_COVERAGE = 0.9
@@ -103,7 +124,7 @@ def run_job(job: tuple[str, int, int, int]) -> list[dict[str, Any]]:
     models, guards = {}, {}
     for name in names:
         variant = common.VARIANTS[name]
-        config = common.family_config(variant.algo, env_id)
+        config = settings(variant.algo, env_id)
         env = common.make_env(env_id, config.n_envs, seed=replica, normalize=config.normalize, gamma=config.gamma)
         models[name] = common.build_model(variant, env, seed=replica, kwargs=config.kwargs)
         guards[name] = common.make_guard(variant)
@@ -130,7 +151,7 @@ def run_job(job: tuple[str, int, int, int]) -> list[dict[str, Any]]:
 
     # Imports, allocator, optimizer state and the guard's first snapshot must not land on a measured chunk
     for name in names if rounds > 1 else ():
-        measure(name, models[name].n_steps * models[name].n_envs)
+        measure(name, warm_up_steps(models[name]))
     rows = []
     for round_ in range(rounds):
         shift = round_ % len(names)
@@ -150,6 +171,18 @@ def run_job(job: tuple[str, int, int, int]) -> list[dict[str, Any]]:
     for model in models.values():
         model.get_env().close()
     return rows
+
+
+def settings(algo: str, env_id: str) -> common.ZooConfig:
+    """The zoo settings of ``algo`` on ``env_id`` with this suite's OVERRIDES."""
+    return common.family_config(algo, env_id, **OVERRIDES.get((algo, env_id), {}))
+
+
+def warm_up_steps(model: Any) -> int:
+    """One rollout and update (on-policy), or the steps to the first updates (off-policy: past ``learning_starts``)."""
+    if hasattr(model, "n_steps"):
+        return model.n_steps * model.n_envs
+    return model.learning_starts + 256
 
 
 def budget(size: str) -> dict[str, Any]:
@@ -217,7 +250,8 @@ def report(out: Path) -> None:
             " timed: each chunk's `learn(..., reset_num_timesteps=False)`. Every (replica, round) gives one ratio.",
             "Hyperparameters: "
             + "; ".join(
-                common.describe_zoo(common.family_config(family, env_id), budget_.get("timesteps", {}).get(env_id, 0))
+                common.describe_zoo(settings(family, env_id), budget_.get("timesteps", {}).get(env_id, 0))
+                + "".join(f" ({key}={value})" for key, value in OVERRIDES.get((family, env_id), {}).items())
                 for env_id in envs
                 for family in _families(env_id)
             ),
