@@ -30,7 +30,7 @@ CONTRIB_LINES = {
 }
 TABLE_HEADERS = {
     "overhead": "| env | variant | baseline | steps/s (median) | wall ratio (median) |",
-    "learning": "| env | PPO return | KLAdaptivePPO return |",
+    "learning": "| env | PPO return IQM [95 % CI] | KLAdaptivePPO return IQM [95 % CI] |",
     "stress": "| config | stock SB3 | safe policy | safe algorithm | safe algorithm + guard |",
 }
 PLOTS = {
