@@ -57,9 +57,10 @@ class NonFiniteGuardCallback(BaseCallback):
 
     - after every optimizer step (a step post-hook): the parameters it updated, so a NaN is caught at the
       update that made it, before the next forward pass fails inside torch;
-    - after every update phase (``train()``) and at the start and end of ``learn()``: every tensor that
-      ``model.save()`` would store (all networks, target networks, optimizer state such as Adam moments),
-      and the VecNormalize statistics;
+    - after every update phase (``train()``) of on-policy algorithms, every ``snapshot_every`` steps (1,000 by
+      default) of off-policy ones, and at the start and end of ``learn()``: every tensor that ``model.save()``
+      would store (all networks, target networks, optimizer state such as Adam moments), and the VecNormalize
+      statistics;
     - at every environment step: the new observations, rewards and (continuous) actions, and the
       VecNormalize statistics;
     - at the end of each on-policy rollout: the rollout buffer (rewards, values, returns, advantages, log-probs);
@@ -94,6 +95,10 @@ class NonFiniteGuardCallback(BaseCallback):
         None: the logger's folder, or the current directory when the logger writes no files
     :param collapse_patience: consecutive updates with a log-std at a bound of its range before an
         :class:`~sb3_safe.common.exploration.ExplorationWarning` (finite, but no longer exploring, or only noise)
+    :param snapshot_every: least number of environment steps between two full checks of the model state, each
+        passing one being the snapshot a rollback or stop restores: the rollback granularity. None: after every
+        update of on-policy algorithms (one update per rollout); every 1,000 steps of off-policy algorithms, which
+        update every few steps (each of their optimizer steps is still checked)
     :param verbose: kept for SB3's callback signature: every event is reported whatever its value, as a
         :class:`NonFiniteGuardWarning`, a logger WARNING and a line of the JSON-lines report
 
@@ -110,6 +115,7 @@ class NonFiniteGuardCallback(BaseCallback):
         check_gradients: bool = False,
         report_dir: str | None = None,
         collapse_patience: int = DEFAULT_PATIENCE,
+        snapshot_every: int | None = None,
         verbose: int = 0,
     ) -> None:
         super().__init__(verbose)
@@ -130,7 +136,7 @@ class NonFiniteGuardCallback(BaseCallback):
         self._snapshots: SnapshotStore
         self._locator: FaultLocator
         self._response: Response | None = None
-        self._cadence = FullCheckCadence()
+        self._cadence = FullCheckCadence(snapshot_every)
         self._hooks: list[RemovableHandle] = []
         self._events_at_start = 0
 

@@ -1,33 +1,68 @@
 """
 When the guard runs its full check of the model state, whose passing copy becomes the snapshot.
 
-The full check copies every stored tensor, so it runs once per update phase (``train()``) rather than at every
-env step: at the start of ``learn()``, at the start of each rollout that follows an update, and at the end of
-``learn()`` if the last update is unchecked. Every optimizer step is checked in between by the cheap in-place check.
+The full check copies every stored tensor (networks, target networks, optimizer state), so it runs at update
+boundaries, never inside ``train()``: at the start of ``learn()``, at the start of a rollout that follows an update,
+and at the end of ``learn()`` if an update ran after the last check. Every optimizer step is checked in between by
+the cheap in-place check of the parameters it changed, so the full check adds what no optimizer step touches:
+optimizer state, target networks, buffers.
+
+On-policy algorithms update once per rollout (many environment steps, a long update), so the full check runs
+after every update. Off-policy algorithms update every few steps with one or a few gradient steps, where a full
+check per update would cost as much as a large part of the update: they are checked at most every
+``snapshot_every`` environment steps (default :data:`OFF_POLICY_SNAPSHOT_EVERY`), which is also the rollback
+granularity: a rollback restores a state at most that many steps old (and always one that passed the full check).
 """
 
 from stable_baselines3.common.base_class import BaseAlgorithm
+from stable_baselines3.common.off_policy_algorithm import OffPolicyAlgorithm
+
+#: Environment steps between two full checks (and snapshots) of an off-policy algorithm, by default
+OFF_POLICY_SNAPSHOT_EVERY = 1000
 
 
 class FullCheckCadence:
-    """Tell, from the model's update counter ``_n_updates``, whether an update ran since the last passed full check."""
+    """
+    Tell, from the model's update counter ``_n_updates`` and its timestep, whether the full check is due.
 
-    def __init__(self) -> None:
+    :param snapshot_every: least number of environment steps between two full checks after updates; None: every
+        update of an on-policy algorithm, every :data:`OFF_POLICY_SNAPSHOT_EVERY` steps of an off-policy one
+    """
+
+    def __init__(self, snapshot_every: int | None = None) -> None:
+        if snapshot_every is not None and (not isinstance(snapshot_every, int) or snapshot_every < 1):
+            raise ValueError(f"snapshot_every must be None or an int >= 1 (environment steps), got {snapshot_every!r}")
+        self.snapshot_every = snapshot_every
         self._checked_n_updates: int | None = None
+        self._checked_timestep = 0
+
+    def interval(self, model: BaseAlgorithm) -> int:
+        """
+        The least number of environment steps between two full checks after updates for ``model`` (0: every update).
+
+        :param model: the algorithm
+        """
+        if self.snapshot_every is not None:
+            return self.snapshot_every
+        return OFF_POLICY_SNAPSHOT_EVERY if isinstance(model, OffPolicyAlgorithm) else 0
 
     def due_at_rollout_start(self, model: BaseAlgorithm) -> bool:
         """
-        Whether to check at the start of a rollout: after an update, and always for algorithms that do not count them.
-        Off-policy algorithms start rollouts without training in between while learning has not started.
+        Whether to check at the start of a rollout: after an update (always for algorithms that do not count them),
+        once the interval has passed. Off-policy algorithms start rollouts without training in between while
+        learning has not started.
 
         :param model: the algorithm
         """
         n_updates = getattr(model, "_n_updates", None)
-        return n_updates is None or n_updates != self._checked_n_updates
+        if n_updates is not None and n_updates == self._checked_n_updates:
+            return False
+        return model.num_timesteps - self._checked_timestep >= self.interval(model)
 
     def due_at_training_end(self, model: BaseAlgorithm) -> bool:
         """
-        Whether to check at the end of ``learn()``: if an update ran after the last check.
+        Whether to check at the end of ``learn()``: if an update ran after the last check (whatever the interval:
+        the model handed back is checked).
 
         :param model: the algorithm
         """
@@ -40,3 +75,4 @@ class FullCheckCadence:
         :param model: the algorithm
         """
         self._checked_n_updates = getattr(model, "_n_updates", None)
+        self._checked_timestep = model.num_timesteps

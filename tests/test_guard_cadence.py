@@ -1,0 +1,89 @@
+"""When the guard's full check (and its snapshot) runs: every update on-policy, every ``snapshot_every`` steps off-policy."""
+
+import math
+from typing import Any
+
+import pytest
+import torch as th
+from stable_baselines3 import DQN, PPO, SAC
+from stable_baselines3.common.callbacks import BaseCallback, CallbackList
+
+from sb3_safe import NonFiniteError, NonFiniteGuardCallback
+from sb3_safe.common.guard.cadence import OFF_POLICY_SNAPSHOT_EVERY
+
+
+@pytest.fixture(autouse=True)
+def in_tmp_path(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # the guard's report
+
+
+class NaNInWeightAt(BaseCallback):
+    """Put a NaN into the critic's (SAC) or Q-network's (DQN) first weight right before the update at ``timestep``."""
+
+    def __init__(self, timestep: int):
+        super().__init__()
+        self.timestep = timestep
+
+    def _on_step(self) -> bool:
+        if self.num_timesteps == self.timestep:
+            policy = self.model.policy
+            network = policy.critic if isinstance(self.model, SAC) else policy.q_net
+            weight = next(p for p in network.parameters() if p.dim() == 2)
+            with th.no_grad():
+                weight[0, 0] = math.nan
+        return True
+
+
+def small_dqn() -> DQN:
+    return DQN(
+        "MlpPolicy", "CartPole-v1", learning_starts=100, batch_size=16, train_freq=1, policy_kwargs=dict(net_arch=[16]), seed=0
+    )
+
+
+@pytest.mark.parametrize("snapshot_every, restored", [(None, 1000), (300, 900), (1, 1199)])
+def test_off_policy_rollback_restores_the_last_full_check(snapshot_every: int | None, restored: int) -> None:
+    model = small_dqn()
+    guard = NonFiniteGuardCallback(on_nonfinite="rollback", snapshot_every=snapshot_every)
+    # The NaN goes in after the env step of timestep 1200; the update that follows uses it and its step is caught
+    model.learn(1250, callback=CallbackList([NaNInWeightAt(1200), guard]))
+
+    assert guard.n_rollbacks == 1 and guard.events[0].timestep == 1200
+    assert f"Rolled back to the state of timestep {restored} " in guard.events[0].message
+    assert all(th.isfinite(p).all() for p in model.policy.parameters())
+
+
+def test_default_off_policy_granularity_is_documented_value() -> None:
+    assert OFF_POLICY_SNAPSHOT_EVERY == 1000
+    assert "1,000 steps of off-policy" in " ".join((NonFiniteGuardCallback.__doc__ or "").split())
+
+
+@pytest.mark.parametrize("algo", [DQN, SAC])
+def test_the_nan_is_still_caught_at_the_optimizer_step_that_made_it(algo: type) -> None:
+    # Between full checks, every optimizer step is checked: the NaN never reaches a forward pass unnoticed
+    env_id = "CartPole-v1" if algo is DQN else "Pendulum-v1"
+    model = algo("MlpPolicy", env_id, learning_starts=100, batch_size=16, policy_kwargs=dict(net_arch=[16]), seed=0)
+    optimizer = "policy.optimizer" if algo is DQN else "critic.optimizer"
+    with pytest.raises(NonFiniteError, match=rf"timestep 300 \(optimizer step of {optimizer} in train\(\)\)"):
+        model.learn(400, callback=CallbackList([NaNInWeightAt(300), NonFiniteGuardCallback()]))
+
+
+def test_on_policy_checks_after_every_update_by_default() -> None:
+    model = PPO("MlpPolicy", "CartPole-v1", n_steps=32, batch_size=32, n_epochs=1, policy_kwargs=dict(net_arch=[8]), seed=0)
+    checked: list[int] = []
+    guard = NonFiniteGuardCallback()
+    model.learn(32)  # the guard below starts after one update
+    original = guard._check_model
+
+    def recording(phase: str) -> None:
+        checked.append(model.num_timesteps)
+        original(phase)
+
+    guard._check_model = recording  # type: ignore[method-assign]
+    model.learn(160, callback=guard, reset_num_timesteps=False)
+    assert checked == [32, 64, 96, 128, 160, 192]
+
+
+@pytest.mark.parametrize("value", [0, -5, 2.5, "100"])
+def test_invalid_snapshot_every_is_refused_naming_it(value: Any) -> None:
+    with pytest.raises(ValueError, match=r"snapshot_every must be None or an int >= 1"):
+        NonFiniteGuardCallback(snapshot_every=value)
