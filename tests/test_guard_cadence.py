@@ -1,15 +1,16 @@
-"""When the guard's full check (and its snapshot) runs: every update on-policy, every ``snapshot_every`` steps off-policy."""
+"""When the guard's full check (and its snapshot) runs: every PPO-style update, every ``snapshot_every`` steps otherwise."""
 
 import math
 from typing import Any
 
 import pytest
 import torch as th
-from stable_baselines3 import DQN, PPO, SAC
+from stable_baselines3 import A2C, DQN, PPO, SAC
 from stable_baselines3.common.callbacks import BaseCallback, CallbackList
+from stable_baselines3.common.env_util import make_vec_env
 
-from sb3_safe import NonFiniteError, NonFiniteGuardCallback
-from sb3_safe.common.guard.cadence import OFF_POLICY_SNAPSHOT_EVERY
+from sb3_safe import NonFiniteError, NonFiniteGuardCallback, SafeA2C
+from sb3_safe.common.guard.cadence import FEW_STEP_SNAPSHOT_EVERY
 
 
 @pytest.fixture(autouse=True)
@@ -53,8 +54,10 @@ def test_off_policy_rollback_restores_the_last_full_check(snapshot_every: int | 
 
 
 def test_default_off_policy_granularity_is_documented_value() -> None:
-    assert OFF_POLICY_SNAPSHOT_EVERY == 1000
-    assert "1,000 steps of off-policy" in " ".join((NonFiniteGuardCallback.__doc__ or "").split())
+    assert FEW_STEP_SNAPSHOT_EVERY == 1000
+    assert "every 1,000 steps of A2C, SafeA2C and the off-policy algorithms" in " ".join(
+        (NonFiniteGuardCallback.__doc__ or "").split()
+    )
 
 
 @pytest.mark.parametrize("algo", [DQN, SAC])
@@ -65,6 +68,27 @@ def test_the_nan_is_still_caught_at_the_optimizer_step_that_made_it(algo: type) 
     optimizer = "policy.optimizer" if algo is DQN else "critic.optimizer"
     with pytest.raises(NonFiniteError, match=rf"timestep 300 \(optimizer step of {optimizer} in train\(\)\)"):
         model.learn(400, callback=CallbackList([NaNInWeightAt(300), NonFiniteGuardCallback()]))
+
+
+@pytest.mark.parametrize("algo", [A2C, SafeA2C])
+def test_a2c_rollback_restores_the_last_full_check(algo: type) -> None:
+    # 8 envs x 5 steps per update: the full check runs at the first rollout start at or past 1,000 steps (1,000)
+    model = algo("MlpPolicy", make_vec_env("CartPole-v1", n_envs=8, seed=0), policy_kwargs=dict(net_arch=[8]), seed=0)
+    injected = [False]
+
+    def corrupt(optimizer: th.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if model.num_timesteps >= 1400 and not injected[0]:
+            injected[0] = True
+            with th.no_grad():
+                model.policy.action_net.weight[0, 0] = math.nan
+
+    model.policy.optimizer.register_step_post_hook(corrupt)
+    guard = NonFiniteGuardCallback(on_nonfinite="rollback")
+    model.learn(1600, callback=guard)
+
+    assert guard.n_rollbacks == 1 and guard.events[0].timestep == 1400
+    assert "Rolled back to the state of timestep 1000 " in guard.events[0].message
+    assert all(th.isfinite(p).all() for p in model.policy.parameters())
 
 
 def test_on_policy_checks_after_every_update_by_default() -> None:

@@ -57,10 +57,10 @@ class NonFiniteGuardCallback(BaseCallback):
 
     - after every optimizer step (a step post-hook): the parameters it updated, so a NaN is caught at the
       update that made it, before the next forward pass fails inside torch;
-    - after every update phase (``train()``) of on-policy algorithms, every ``snapshot_every`` steps (1,000 by
-      default) of off-policy ones, and at the start and end of ``learn()``: every tensor that ``model.save()``
-      would store (all networks, target networks, optimizer state such as Adam moments), and the VecNormalize
-      statistics;
+    - after every update phase (``train()``) of PPO-style algorithms (many gradient steps per update), every
+      ``snapshot_every`` steps (1,000 by default) of A2C and the off-policy algorithms (one or a few gradient steps
+      per update), and at the start and end of ``learn()``: every tensor that ``model.save()`` would store (all
+      networks, target networks, optimizer state such as Adam moments), and the VecNormalize statistics;
     - at every environment step: the new observations, rewards and (continuous) actions, and the
       VecNormalize statistics;
     - at the end of each on-policy rollout: the rollout buffer (rewards, values, returns, advantages, log-probs);
@@ -97,8 +97,9 @@ class NonFiniteGuardCallback(BaseCallback):
         :class:`~sb3_safe.common.exploration.ExplorationWarning` (finite, but no longer exploring, or only noise)
     :param snapshot_every: least number of environment steps between two full checks of the model state, each
         passing one being the snapshot a rollback or stop restores: the rollback granularity. None: after every
-        update of on-policy algorithms (one update per rollout); every 1,000 steps of off-policy algorithms, which
-        update every few steps (each of their optimizer steps is still checked)
+        update of PPO-style algorithms (PPO, KLAdaptivePPO, TRPO, RecurrentPPO, MaskablePPO); every 1,000 steps of
+        A2C, SafeA2C and the off-policy algorithms, whose updates are one or a few gradient steps (each optimizer
+        step is still checked)
     :param verbose: kept for SB3's callback signature: every event is reported whatever its value, as a
         :class:`NonFiniteGuardWarning`, a logger WARNING and a line of the JSON-lines report
 

@@ -7,18 +7,20 @@ and at the end of ``learn()`` if an update ran after the last check. Every optim
 the cheap in-place check of the parameters it changed, so the full check adds what no optimizer step touches:
 optimizer state, target networks, buffers.
 
-On-policy algorithms update once per rollout (many environment steps, a long update), so the full check runs
-after every update. Off-policy algorithms update every few steps with one or a few gradient steps, where a full
-check per update would cost as much as a large part of the update: they are checked at most every
-``snapshot_every`` environment steps (default :data:`OFF_POLICY_SNAPSHOT_EVERY`), which is also the rollback
-granularity: a rollback restores a state at most that many steps old (and always one that passed the full check).
+The full check costs about as much as one small gradient step. PPO-style algorithms (PPO, KLAdaptivePPO, TRPO,
+RecurrentPPO, MaskablePPO) take many gradient steps per update, so the check runs after every update. Algorithms
+that take a single gradient step per update (A2C, SafeA2C: one per rollout of a few steps) or update every few
+environment steps (the off-policy algorithms) would pay a large share of each update for it: they are checked at
+most every ``snapshot_every`` environment steps (default :data:`FEW_STEP_SNAPSHOT_EVERY`). That is also the rollback
+granularity: a rollback restores a state at most that many steps old, always one that passed the full check.
 """
 
+from stable_baselines3 import A2C
 from stable_baselines3.common.base_class import BaseAlgorithm
 from stable_baselines3.common.off_policy_algorithm import OffPolicyAlgorithm
 
-#: Environment steps between two full checks (and snapshots) of an off-policy algorithm, by default
-OFF_POLICY_SNAPSHOT_EVERY = 1000
+#: Environment steps between two full checks (and snapshots) of A2C and the off-policy algorithms, by default
+FEW_STEP_SNAPSHOT_EVERY = 1000
 
 
 class FullCheckCadence:
@@ -26,7 +28,7 @@ class FullCheckCadence:
     Tell, from the model's update counter ``_n_updates`` and its timestep, whether the full check is due.
 
     :param snapshot_every: least number of environment steps between two full checks after updates; None: every
-        update of an on-policy algorithm, every :data:`OFF_POLICY_SNAPSHOT_EVERY` steps of an off-policy one
+        update of PPO-style algorithms, every :data:`FEW_STEP_SNAPSHOT_EVERY` steps of A2C and off-policy ones
     """
 
     def __init__(self, snapshot_every: int | None = None) -> None:
@@ -44,7 +46,7 @@ class FullCheckCadence:
         """
         if self.snapshot_every is not None:
             return self.snapshot_every
-        return OFF_POLICY_SNAPSHOT_EVERY if isinstance(model, OffPolicyAlgorithm) else 0
+        return FEW_STEP_SNAPSHOT_EVERY if isinstance(model, OffPolicyAlgorithm | A2C) else 0
 
     def due_at_rollout_start(self, model: BaseAlgorithm) -> bool:
         """
