@@ -32,6 +32,7 @@ Writes ``pong_equivalence.md`` and ``pong_equivalence.jsonl`` (one row per updat
 
 import argparse
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -212,7 +213,7 @@ def report(out: Path, command: str, first: dict[str, Any], second: dict[str, Any
         *common.table(
             ["quantity", "worst over all updates"],
             [
-                ["largest raw logit max |z| (`train/logit_max`)", f"{second['logit_max']:.3f}"],
+                ["largest raw logit, max abs(z) (`train/logit_max`)", f"{second['logit_max']:.3f}"],
                 [
                     "  in the first / last 10 % of updates",
                     f"{second['logit_max_first_10pct']:.3f} / {second['logit_max_last_10pct']:.3f}",
@@ -229,10 +230,13 @@ def report(out: Path, command: str, first: dict[str, Any], second: dict[str, Any
         "- With `logit_bound=None`, SafeA2C is stock A2C: the same parameters after every update (part 1), hence the"
         " same actions and the same run. rl-zoo's published A2C Pong result (`benchmark.md` of rl-baselines3-zoo:"
         f" {ZOO_PONG_A2C}, one trained agent) applies to it unchanged.",
-        f"- With the default bound, the policy at any parameters differs from the unbounded one by at most the total"
-        f" variation above ({second['total_variation_max']:.1e}) while |z| <= {second['logit_max']:.2f}; a logit's"
-        f" gradient is scaled by a factor in [{second['gradient_factor_min']:.4f}, 1]. For |z| <= m the map moves a logit"
-        " by m - 10 tanh(m / 10) ~ m^3 / 300, and a log-probability by at most twice that.",
+        f"- With the default bound, on the observations of every rollout the bounded and the unbounded policy (same"
+        f" parameters) differ by at most {second['total_variation_max']:.1e} in total variation and"
+        f" {second['log_prob_change_max']:.1e} in any log-probability, and a logit's gradient is scaled by a factor in"
+        f" [{second['gradient_factor_min']:.4f}, 1]. This follows from the largest logit alone: for abs(z) <= m the"
+        f" map moves a logit by at most m - 10 tanh(m / 10) ~ m^3 / 300 and a log-probability by at most twice that"
+        f" ({2 * (second['logit_max'] - 10 * math.tanh(second['logit_max'] / 10)):.1e} at m ="
+        f" {second['logit_max']:.2f}), so any run whose logged `train/logit_max` stays below m has the same bound.",
         "- Limits: one seed, the first"
         f" {second['steps']:,} of rl-zoo's 10M steps; logits may grow later in training (compare the first and last"
         " tenth above), which the logged `train/logit_max` shows in any run. Small differences in the updates"
@@ -259,6 +263,8 @@ def main(argv: list[str] | None = None) -> None:
     print(json.dumps(first), flush=True)
     second = headroom(args.steps, args.seed, args.out)
     print(json.dumps(second), flush=True)
+    summaries = [dict(kind="same_updates", command=command, **first), dict(kind="headroom", **second)]
+    common.write_jsonl(args.out / "pong_equivalence.jsonl", summaries, mode="a")
     report(args.out, command, first, second)
 
 
