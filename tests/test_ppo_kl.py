@@ -1,6 +1,7 @@
 """KLAdaptivePPO: beta rule, spaces, persistence, guarded steps, the reported Hopper failure, learning."""
 
 import copy
+import pickle
 import math
 from typing import Any
 
@@ -498,3 +499,13 @@ def test_last_update_statistics_are_written_when_learn_ends(algo, kwargs, key, t
     model.learn(kwargs["n_steps"])
     header = (tmp_path / "progress.csv").read_text().splitlines()[0].split(",")
     assert key in header and "train/n_updates" in header
+
+
+def test_policy_with_the_recording_hook_pickles_and_copies_detached_from_the_buffer() -> None:
+    model = KLAdaptivePPO("MlpPolicy", "CartPole-v1", n_steps=32, batch_size=32, seed=0)
+    copies = [copy.deepcopy(model.policy), pickle.loads(pickle.dumps(model.policy))]
+    for policy in copies:
+        policy(th.zeros((3, 4)))
+        assert model.rollout_buffer._acting is None  # a copy's forward passes do not reach the live buffer
+    model.policy(th.zeros((1, 4)))
+    assert model.rollout_buffer._acting is not None

@@ -18,7 +18,6 @@ so no pre-squash action is stored.
 import warnings
 import weakref
 from collections.abc import Generator
-from functools import partial
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -33,13 +32,25 @@ from stable_baselines3.common.vec_env import VecNormalize
 from sb3_safe.common.kl import distribution_params, has_analytic_kl
 
 
-def _record_acting_distribution(
-    buffer_ref: "weakref.ref[KLRolloutBuffer]", policy: ActorCriticPolicy, inputs: Any, outputs: tuple[th.Tensor, ...]
-) -> None:
-    """Forward hook: keep the actions and the distribution parameters of the pass for the buffer's next ``add``."""
-    buffer = buffer_ref()
-    if buffer is not None:
-        buffer._acting = (outputs[0].detach(), distribution_params(policy.action_dist).detach())
+class _ActingDistributionRecorder:
+    """
+    Forward hook of the collecting policy: keeps the actions and the distribution parameters of each pass for the
+    buffer's next ``add``. Holds the buffer weakly (a replaced buffer must not stay alive through the policy); a
+    pickled or deep-copied policy gets a recorder attached to no buffer.
+
+    :param buffer: the buffer to record for; None: record nothing
+    """
+
+    def __init__(self, buffer: "KLRolloutBuffer | None" = None) -> None:
+        self._buffer = None if buffer is None else weakref.ref(buffer)
+
+    def __call__(self, policy: ActorCriticPolicy, inputs: Any, outputs: tuple[th.Tensor, ...]) -> None:
+        buffer = None if self._buffer is None else self._buffer()
+        if buffer is not None:
+            buffer._acting = (outputs[0].detach(), distribution_params(policy.action_dist).detach())
+
+    def __reduce__(self) -> tuple[type, tuple[()]]:
+        return type(self), ()
 
 
 class KLRolloutBufferSamples(NamedTuple):
@@ -88,8 +99,7 @@ class KLRolloutBuffer(RolloutBuffer):
         """
         self.policy = policy
         if has_analytic_kl(policy.action_dist):
-            # A weak reference: the hook must not keep a replaced buffer (and its arrays) alive through the policy
-            policy.register_forward_hook(partial(_record_acting_distribution, weakref.ref(self)))
+            policy.register_forward_hook(_ActingDistributionRecorder(self))
 
     def reset(self) -> None:
         super().reset()
