@@ -1,8 +1,8 @@
 """KLAdaptivePPO: beta rule, spaces, persistence, guarded steps, the reported Hopper failure, learning."""
 
 import copy
-import pickle
 import math
+import pickle
 from typing import Any
 
 import gymnasium as gym
