@@ -91,22 +91,25 @@ TIMESTEPS = {
         "Hopper-v5": 1_536,
         "CartPoleNoVel-v1": 2_048,
         common.MACHINE_SCHEDULING: 8_192,
-        "Pendulum-v1": 1_000,
+        "Pendulum-v1": 500,
     },
 }
 #: Least coverage of the confidence interval reported for each median ratio
 MEDIAN_CI_COVERAGE = 0.9
 
 
-def jobs(size: str) -> list[tuple[str, int, int, int]]:
+def jobs(size: str, envs: list[str] | None = None) -> list[tuple[str, int, int, int]]:
     """
     Jobs ``(env, timesteps, rounds, replica)``: one per environment and replica (the variants of a job share one
     process, to interleave).
+
+    :param envs: only these environments (None: all)
     """
     return [
         (env_id, steps, ROUNDS[size], replica)
         for replica in range(REPLICAS[size])
         for env_id, steps in TIMESTEPS[size].items()
+        if envs is None or env_id in envs
     ]
 
 
@@ -180,8 +183,11 @@ def settings(algo: str, env_id: str) -> common.ZooConfig:
 
 def warm_up_steps(model: Any) -> int:
     """One rollout and update (on-policy), or the steps to the first updates (off-policy: past ``learning_starts``)."""
-    if hasattr(model, "n_steps"):
+    from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
+
+    if isinstance(model, OnPolicyAlgorithm):
         return model.n_steps * model.n_envs
+    # Off-policy algorithms have an ``n_steps`` too (n-step returns): not a rollout length
     return model.learning_starts + 256
 
 
