@@ -9,8 +9,10 @@ log-std sits at a bound and warns once, with an :class:`ExplorationWarning`, aft
 :class:`~sb3_safe.common.callbacks.NonFiniteGuardCallback` run it after every update.
 """
 
+import math
 import warnings
 
+import numpy as np
 import torch as th
 from stable_baselines3.common.base_class import BaseAlgorithm
 
@@ -73,10 +75,12 @@ class ExplorationWatch:
         if found is None:
             return None
         log_std, (low, high) = found
-        log_std = log_std.detach()
-        at_low, at_high = log_std <= low + AT_BOUND_TOLERANCE, log_std >= high - AT_BOUND_TOLERANCE
-        self.updates_at_low = self.updates_at_low + 1 if bool(at_low.any()) else 0
-        self.updates_at_high = self.updates_at_high + 1 if bool(at_high.any()) else 0
+        # numpy on a view (a copy only from an accelerator): this runs after every update, and a handful of tiny
+        # torch operations cost more than A2C's small updates can hide
+        values = log_std.detach().cpu().numpy()
+        at_low, at_high = values <= low + AT_BOUND_TOLERANCE, values >= high - AT_BOUND_TOLERANCE
+        self.updates_at_low = self.updates_at_low + 1 if at_low.any() else 0
+        self.updates_at_high = self.updates_at_high + 1 if at_high.any() else 0
         if self.message is None:
             for updates, at_bound, what, bound in (
                 (self.updates_at_low, at_low, "collapsed", low),
@@ -84,8 +88,8 @@ class ExplorationWatch:
             ):
                 if updates >= self.patience:
                     self.message = (
-                        f"exploration {what} at log_std = {bound:g} (std {th.tensor(bound).exp().item():.3g}) in "
-                        f"{int(at_bound.sum())} of {at_bound.numel()} log-std entries for {updates} updates, at "
+                        f"exploration {what} at log_std = {bound:g} (std {math.exp(bound):.3g}) in "
+                        f"{int(at_bound.sum())} of {at_bound.size} log-std entries for {updates} updates, at "
                         f"timestep {model.num_timesteps}. Training stays finite, but "
                         + (
                             "the policy no longer explores: raise the lower bound of log_std_range, or ent_coef."
@@ -95,4 +99,4 @@ class ExplorationWatch:
                     )
                     warnings.warn(self.message, ExplorationWarning, stacklevel=2)
                     break
-        return float((at_low | at_high).float().mean())
+        return float(np.mean(at_low | at_high))
