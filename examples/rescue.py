@@ -6,8 +6,10 @@ the action size, at a learning rate far too high (3.0). Three runs of the same t
 
 1. stock A2C + ``MlpPolicy``: the log-std parameter becomes non-finite and torch raises ``Expected parameter scale``;
 2. the same with :class:`~sb3_safe.NonFiniteGuardCallback` (``on_nonfinite="rollback"``): the guard catches the
-   update that made the parameters non-finite, names the tensors, rolls back to the last healthy state with a
-   halved learning rate, and when rollbacks do not help, stops cleanly and saves the last healthy model;
+   update that made the parameters non-finite, names the tensors, and rolls back to the last state that passed its
+   full check (for A2C the one of at most ``snapshot_every`` = 1,000 steps ago: here the start) with a halved
+   learning rate, with which this run then trains to the end; had rollbacks not helped, it would have stopped
+   cleanly after ``max_rollbacks`` and saved the last healthy model to ``save_path``;
 3. ``SafeMlpPolicy``, the root fix: its log-std stays inside its bounds, so training runs to the end.
 
 ::

@@ -5,9 +5,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import torch as th
-from stable_baselines3 import A2C
-
 from sb3_safe import KLAdaptivePPO, SafeA2C
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -37,11 +34,11 @@ def test_rescue(tmp_path: Path) -> None:
     text = "\n".join(lines)
     # 1. stock A2C crashes as reported
     assert "stock A2C: ValueError: Expected parameter scale (Tensor of shape (1, 4)) of distribution Normal" in text
-    # 2. the guard names the tensors, rolls back with a lower learning rate, then stops with a healthy saved model
+    # 2. the guard names the tensors and rolls back to its last full check (the start) with a halved learning rate,
+    # with which training goes on to the end
     assert "policy.log_std: 4 NaN, 0 inf of 4" in text
-    assert "guard: actions ['rollback', 'rollback', 'rollback', 'stop'], learning rate now 0.375" in text
-    healthy = A2C.load(tmp_path / "last_healthy.zip", device="cpu")
-    assert all(th.isfinite(parameter).all() for parameter in healthy.policy.parameters())
+    assert "guard: actions ['rollback'], learning rate now 1.5" in text
+    assert "guard: training ran to the end" in text
     # 3. the safe policy trains to the end
     assert lines[-2].startswith("SafeMlpPolicy: trained 1000 steps, 0 guard events, log-std parameter in [")
     # finite is not healthy: the guard reports that exploration collapsed at the lower bound
