@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-from benchmarks import common, learning, overhead, robustness, stress
+from benchmarks import learning, overhead, reports, robustness, stress, suite
 
 SUITES: dict[str, ModuleType] = {
     "overhead": overhead,
@@ -41,10 +41,10 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("action", choices=("run", "report"))
     parser.add_argument("suite", choices=(*SUITES, "all"))
-    parser.add_argument("--size", choices=common.SIZES, default="full", help="budget (default full)")
+    parser.add_argument("--size", choices=suite.SIZES, default="full", help="budget (default full)")
     parser.add_argument("--quick", action="store_const", const="quick", dest="size", help="same as --size quick")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="parallel processes (default: cores)")
-    parser.add_argument("--out", type=Path, default=common.RESULTS, help="results folder")
+    parser.add_argument("--out", type=Path, default=reports.RESULTS, help="results folder")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     argv_text = " ".join(sys.argv[1:] if argv is None else argv)
@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> None:
             # Each suite's own command line, so every report names the command that produced it
             command = "python -m benchmarks " + argv_text.replace(" all", f" {name}", 1)
             jobs = module.jobs(args.size)
-            common.run_suite(
+            suite.run_suite(
                 name, args.out, command, args.size, min(args.jobs, len(jobs)), module.run_job, jobs, module.budget(args.size)
             )
         module.report(args.out)

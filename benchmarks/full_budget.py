@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks import common
+from benchmarks import configs, reports, suite, training, variants
 
 SUITE = "full_budget"
 ENV_ID = "Hopper-v5"
@@ -44,11 +44,11 @@ ZOO_REFERENCE = (
 ZOO_REFERENCE_RETURN = 2410.4
 
 
-def config(variant: str) -> common.ZooConfig:
+def config(variant: str) -> configs.ZooConfig:
     """The variant's hyperparameters: rl-zoo's Hopper entry for PPO, sb3-safe's ``kl_ppo.yml`` for KLAdaptivePPO."""
     if variant == "PPO":
-        return common.zoo_config("ppo", ENV_ID)
-    return common.config_from_file(common.ROOT / "sb3_safe" / "zoo_configs" / "kl_ppo.yml", "kl_ppo", ENV_ID)
+        return configs.zoo_config("ppo", ENV_ID)
+    return configs.config_from_file(configs.ROOT / "sb3_safe" / "zoo_configs" / "kl_ppo.yml", "kl_ppo", ENV_ID)
 
 
 def run_folder(out: Path, variant: str, seed: int) -> Path:
@@ -60,7 +60,7 @@ def progress(out: Path) -> dict[tuple[str, int], int]:
     path = out / f"{SUITE}.jsonl"
     if not path.exists():
         return {}
-    _, rows = common.read_jsonl(path)
+    _, rows = suite.read_jsonl(path)
     reached: dict[tuple[str, int], int] = {}
     for row in rows:
         key = (row["variant"], row["seed"])
@@ -80,9 +80,9 @@ def run_job(job: tuple[str, int, int, int, str, float]) -> list[dict[str, Any]]:
     out = Path(out_text)
     folder = run_folder(out, variant_name, seed)
     folder.mkdir(parents=True, exist_ok=True)
-    variant = common.VARIANTS[variant_name]
+    variant = variants.VARIANTS[variant_name]
     settings = config(variant_name)
-    env = common.make_env(ENV_ID, settings.n_envs, seed, normalize=settings.normalize, gamma=settings.gamma)
+    env = training.make_env(ENV_ID, settings.n_envs, seed, normalize=settings.normalize, gamma=settings.gamma)
     checkpoint = folder / "model.zip"
     resumed_at = 0
     if checkpoint.exists():
@@ -91,8 +91,8 @@ def run_job(job: tuple[str, int, int, int, str, float]) -> list[dict[str, Any]]:
         resumed_at = int(model.num_timesteps)
         model.set_random_seed(seed + resumed_at)
     else:
-        model = common.build_model(variant, env, seed, settings.kwargs)
-    guard = common.make_guard(variant)
+        model = variants.build_model(variant, env, seed, settings.kwargs)
+    guard = variants.make_guard(variant)
 
     class CheckpointAndEvaluate(BaseCallback):
         """At the first rollout boundary past each multiple of ``eval_every``: save, evaluate, append a row."""
@@ -127,12 +127,12 @@ def run_job(job: tuple[str, int, int, int, str, float]) -> list[dict[str, Any]]:
                 train_return_last20=float(np.mean(self.episodes[-20:])) if self.episodes else None,
                 resumed_at=resumed_at,
                 wall_s_since_resume=time.perf_counter() - self.start,
-                params_finite=common.params_finite(self.model),
-                skipped_updates=common.skipped_updates(self.model),
+                params_finite=training.params_finite(self.model),
+                skipped_updates=training.skipped_updates(self.model),
                 kl_beta=getattr(self.model, "kl_beta", None),
                 guard_rollbacks=getattr(self.model, "nonfinite_guard_rollbacks", 0) if guard else None,
             )
-            common.write_jsonl(out / f"{SUITE}.jsonl", [row], mode="a")
+            suite.write_jsonl(out / f"{SUITE}.jsonl", [row], mode="a")
             print(f"[{SUITE}] {variant_name} seed {seed}: {row['timesteps']} steps, eval {row['eval_return']:.1f}", flush=True)
             self.next_eval = (self.num_timesteps // eval_every + 1) * eval_every
 
@@ -157,7 +157,7 @@ def evaluate_episodes(model: Any, seed: int) -> list[float]:
     from stable_baselines3.common.vec_env import VecNormalize
 
     train_env = model.get_env()
-    eval_env = VecNormalize(common.make_env(ENV_ID, 1, seed + 1000), training=False, norm_reward=False)
+    eval_env = VecNormalize(training.make_env(ENV_ID, 1, seed + 1000), training=False, norm_reward=False)
     eval_env.obs_rms = train_env.obs_rms
     returns, _ = evaluate_policy(model, eval_env, n_eval_episodes=EVAL_EPISODES, return_episode_rewards=True)
     eval_env.close()
@@ -175,8 +175,8 @@ def run(args: argparse.Namespace) -> None:
         if reached.get((variant, seed), 0) < args.timesteps
     ]
     meta = dict(kind="meta", suite=SUITE, command="python -m benchmarks.full_budget " + " ".join(sys.argv[1:]), jobs=args.jobs)
-    common.write_jsonl(args.out / f"{SUITE}.jsonl", [dict(meta, **common.machine_info())], mode="a")
-    for _ in common.run_parallel(run_job, jobs, args.jobs):
+    suite.write_jsonl(args.out / f"{SUITE}.jsonl", [dict(meta, **suite.machine_info())], mode="a")
+    for _ in suite.run_parallel(run_job, jobs, args.jobs):
         pass
     report(args.out, args.timesteps)
 
@@ -185,7 +185,7 @@ def report(out: Path, timesteps: int = TIMESTEPS) -> None:
     """``full_budget.md`` and ``full_budget.png`` from the JSONL (the latest row per run and step)."""
     from benchmarks import aggregate
 
-    meta, rows = common.read_jsonl(out / f"{SUITE}.jsonl")
+    meta, rows = suite.read_jsonl(out / f"{SUITE}.jsonl")
     latest: dict[tuple[str, int, int], dict[str, Any]] = {}
     for row in rows:
         latest[(row["variant"], row["seed"], row["timesteps"])] = row
@@ -202,7 +202,7 @@ def report(out: Path, timesteps: int = TIMESTEPS) -> None:
         f" sb3-safe {meta.get('sb3_safe')} (commit {meta.get('commit')})",
         f"- Budget: {timesteps:,} steps per run (rl-zoo's); evaluation every {EVAL_EVERY:,} steps: deterministic policy,"
         f" {EVAL_EPISODES} episodes on a fresh env with the training observation normalization frozen.",
-        f"- Hyperparameters: PPO {common.describe_zoo(config('PPO'), timesteps)}; KLAdaptivePPO:"
+        f"- Hyperparameters: PPO {configs.describe_zoo(config('PPO'), timesteps)}; KLAdaptivePPO:"
         " `sb3_safe/zoo_configs/kl_ppo.yml` `Hopper-v5` (the same values plus adaptive_kl_target 0.03, guard in"
         " rollback mode).",
         f"- Reference: {ZOO_REFERENCE}",
@@ -226,7 +226,7 @@ def report(out: Path, timesteps: int = TIMESTEPS) -> None:
                 ", ".join(f"{step:,}" for step in resumes) or "-",
             ]
         )
-    lines += common.table(
+    lines += reports.table(
         [
             "variant",
             "seed",
@@ -257,13 +257,13 @@ def report(out: Path, timesteps: int = TIMESTEPS) -> None:
             + "). Continue with `python -m benchmarks.full_budget run`."
         ]
     lines += ["", f"![curves]({SUITE}.png)"]
-    common.write_report(out / f"{SUITE}.md", lines)
+    reports.write_report(out / f"{SUITE}.md", lines)
     plot(runs, out)
 
 
 def plot(runs: dict[tuple[str, int], list[dict[str, Any]]], out: Path) -> None:
     """Evaluation return over timesteps, one line per run, colour per variant."""
-    plt = common.pyplot()
+    plt = reports.pyplot()
     figure, axis = plt.subplots(figsize=(8, 4.5))
     colours = dict(zip(VARIANTS, ("tab:blue", "tab:orange"), strict=True))
     for (variant, seed), evals in sorted(runs.items()):
@@ -277,7 +277,7 @@ def plot(runs: dict[tuple[str, int], list[dict[str, Any]]], out: Path) -> None:
     axis.axhline(ZOO_REFERENCE_RETURN, color="grey", linestyle="--", label=f"rl-zoo PPO Hopper-v3 ({ZOO_REFERENCE_RETURN})")
     axis.set(title=f"{ENV_ID}: evaluation return (10 episodes, deterministic)", xlabel="timesteps", ylabel="return")
     axis.legend(fontsize=7)
-    common.save_figure(figure, out / f"{SUITE}.png")
+    reports.save_figure(figure, out / f"{SUITE}.png")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -291,7 +291,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--eval-every", type=int, default=EVAL_EVERY)
     parser.add_argument("--jobs", type=int, default=1, help="parallel runs (default 1: leaves a core for other work)")
     parser.add_argument("--max-minutes", type=float, default=0, help="stop every run at its next rollout after this")
-    parser.add_argument("--out", type=Path, default=common.RESULTS)
+    parser.add_argument("--out", type=Path, default=reports.RESULTS)
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     if args.action == "run":

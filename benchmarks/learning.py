@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks import aggregate, common
+from benchmarks import aggregate, configs, reports, suite, training, variants
 
 SUITE = "learning"
 #: (stock, safe) compared in each family
@@ -42,7 +42,7 @@ BUDGETS: dict[tuple[str, str], dict[str, int]] = {
     # one shared core, and both policies reach most of CartPoleNoVel's 500 by then
     ("RecurrentPPO", "CartPoleNoVel-v1"): dict(tiny=256, quick=4_096, full=49_152),
     # The example's budget; one rollout is 4 envs x 128 steps
-    ("MaskablePPO", common.MACHINE_SCHEDULING): dict(tiny=512, quick=4_096, full=100_352),
+    ("MaskablePPO", configs.MACHINE_SCHEDULING): dict(tiny=512, quick=4_096, full=100_352),
 }
 SEEDS = {"tiny": (0,), "quick": (0,), "full": (0, 1, 2)}
 EVAL_EPISODES = {"tiny": 1, "quick": 3, "full": 10}
@@ -62,8 +62,8 @@ def jobs(size: str) -> list[tuple[str, str, str, int, int, int]]:
 def run_job(job: tuple[str, str, str, int, int, int]) -> list[dict[str, Any]]:
     """Train and evaluate one (family, env, variant, seed)."""
     family, env_id, variant, seed, timesteps, episodes = job
-    config = common.family_config(family, env_id)
-    row = common.train(common.VARIANTS[variant], env_id, config, timesteps, seed, episodes, curve=True)
+    config = configs.family_config(family, env_id)
+    row = training.train(variants.VARIANTS[variant], env_id, config, timesteps, seed, episodes, curve=True)
     return [dict(family=family, **row)]
 
 
@@ -78,13 +78,13 @@ def budget(size: str) -> dict[str, Any]:
 
 def report(out: Path) -> None:
     """``learning.md`` (one table per family) and ``learning_<env>.png`` (curves) from ``learning.jsonl``."""
-    meta, runs = common.read_jsonl(out / f"{SUITE}.jsonl")
+    meta, runs = suite.read_jsonl(out / f"{SUITE}.jsonl")
     keys = sorted({(row["family"], row["env"]) for row in runs}, key=lambda key: (list(PAIRS).index(key[0]), key[1]))
     zoo_lines = [
-        common.describe_zoo(common.family_config(family, env_id), _timesteps(runs, family, env_id)) + f" [{family}]"
+        configs.describe_zoo(configs.family_config(family, env_id), _timesteps(runs, family, env_id)) + f" [{family}]"
         for family, env_id in keys
     ]
-    lines = common.report_header(
+    lines = reports.report_header(
         "Learning parity: stock SB3 vs sb3-safe (rl-zoo hyperparameters)",
         meta,
         [
@@ -145,7 +145,7 @@ def report(out: Path) -> None:
             *([f"{safe} skipped steps"] if family in SAFE_ALGORITHMS else []),
             *(["final beta per seed"] if family == "PPO" else []),
         ]
-        lines += [f"## {TITLES.get(family, f'{stock} vs {safe}')}", "", *common.table(header, rows), ""]
+        lines += [f"## {TITLES.get(family, f'{stock} vs {safe}')}", "", *reports.table(header, rows), ""]
         if len(paired_scores) > 1:
             lines += [_overall_improvement(paired_scores, safe, stock), ""]
         if family == "MaskablePPO":
@@ -159,16 +159,16 @@ def report(out: Path) -> None:
         "",
         *[f"![{env_id}](learning_{env_id}.png)" for env_id in sorted({env for _, env in keys})],
     ]
-    common.write_report(out / f"{SUITE}.md", lines)
+    reports.write_report(out / f"{SUITE}.md", lines)
     plot(runs, out)
 
 
 def _maskable_reference() -> str:
     """What the example's scripted schedules earn on its task, for reading the MaskablePPO returns."""
-    example = common.maskable_example()
+    example = configs.maskable_example()
     best, random = (example.scripted_return(choose, seed=0) for choose in (example.best_ready, example.random_ready))
     return (
-        f"{common.MACHINE_SCHEDULING} (`examples/maskable.py`, {example.EPISODE_LENGTH} steps per episode): the optimal"
+        f"{configs.MACHINE_SCHEDULING} (`examples/maskable.py`, {example.EPISODE_LENGTH} steps per episode): the optimal"
         f" schedule earns {example.optimal_return():.1f}, always the best ready machine {best:.1f}, a random ready"
         f" machine {random:.1f} (100 episodes)."
     )
@@ -222,7 +222,7 @@ def _overall_improvement(pairs: list[tuple[list[float], list[float]]], safe: str
 
 def plot(runs: list[dict[str, Any]], out: Path) -> None:
     """One PNG per env, one panel per algorithm family."""
-    plt = common.pyplot()
+    plt = reports.pyplot()
     # Grid points before the first finished episode are NaN for every seed: expected, not worth a warning
     warnings.filterwarnings("ignore", "All-NaN slice|Mean of empty slice", RuntimeWarning)
     for env_id in sorted({row["env"] for row in runs}):
@@ -232,9 +232,9 @@ def plot(runs: list[dict[str, Any]], out: Path) -> None:
             grid = np.linspace(0, _timesteps(runs, family, env_id), 100)
             for variant in PAIRS[family]:
                 selected = _select(runs, family, env_id, variant)
-                curves = np.array([common.smoothed_curve(row["curve"], grid) for row in selected])
+                curves = np.array([reports.smoothed_curve(row["curve"], grid) for row in selected])
                 axis.plot(grid, np.nanmean(curves, axis=0), label=f"{variant} ({len(selected)} seeds)")
                 axis.fill_between(grid, np.nanmin(curves, axis=0), np.nanmax(curves, axis=0), alpha=0.2)
             axis.set(title=f"{env_id}: {' vs '.join(PAIRS[family])}", xlabel="timesteps", ylabel="training return")
             axis.legend()
-        common.save_figure(figure, out / f"learning_{env_id}.png")
+        reports.save_figure(figure, out / f"learning_{env_id}.png")

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks import common
+from benchmarks import configs, reports, suite, training, variants
 
 SUITE = "overhead"
 VARIANTS = (
@@ -41,13 +41,13 @@ VARIANTS = (
     "SafeA2C+guard",
 )
 #: The variants timed against each other on each environment (one process per environment and replica)
-OFF_POLICY_VARIANTS = {algo: (algo, f"{algo}+guard(raise)", f"{algo}+guard") for algo in common.OFF_POLICY}
+OFF_POLICY_VARIANTS = {algo: (algo, f"{algo}+guard(raise)", f"{algo}+guard") for algo in variants.OFF_POLICY}
 ENV_VARIANTS = {
     "CartPole-v1": VARIANTS + OFF_POLICY_VARIANTS["DQN"],
     "Hopper-v5": VARIANTS,
     "Pendulum-v1": OFF_POLICY_VARIANTS["SAC"] + OFF_POLICY_VARIANTS["TD3"],
     "CartPoleNoVel-v1": ("RecurrentPPO", "RecurrentPPO(foreach)", "RecurrentPPO+SafeMlpLstmPolicy"),
-    common.MACHINE_SCHEDULING: ("MaskablePPO", "MaskablePPO(foreach)", "MaskablePPO+SafeMaskableMlpPolicy"),
+    configs.MACHINE_SCHEDULING: ("MaskablePPO", "MaskablePPO(foreach)", "MaskablePPO+SafeMaskableMlpPolicy"),
 }
 ENVS = tuple(ENV_VARIANTS)
 #: Settings changed from the zoo entry: DQN updates after every step (rl-zoo's CartPole entry: 128 gradient steps
@@ -65,7 +65,7 @@ COMPARISONS = (
     ("SafeA2C", "A2C(foreach)", 1.03),
     *(
         (f"{algo}{mode}", algo, 1.03)
-        for algo in ("PPO", "KLAdaptivePPO", "A2C", "SafeA2C", *common.OFF_POLICY)
+        for algo in ("PPO", "KLAdaptivePPO", "A2C", "SafeA2C", *variants.OFF_POLICY)
         for mode in ("+guard(raise)", "+guard")
     ),
     ("RecurrentPPO+SafeMlpLstmPolicy", "RecurrentPPO", 1.03),
@@ -78,19 +78,19 @@ ROUNDS = {"tiny": 1, "quick": 2, "full": 4}
 REPLICAS = {"tiny": 1, "quick": 1, "full": 3}
 #: Timesteps per measured run, per env and size (RecurrentPPO: rollouts of 8 x 32 steps; MaskablePPO: 4 x 128)
 TIMESTEPS = {
-    "tiny": {"CartPole-v1": 256, "CartPoleNoVel-v1": 256, common.MACHINE_SCHEDULING: 512, "Pendulum-v1": 64},
+    "tiny": {"CartPole-v1": 256, "CartPoleNoVel-v1": 256, configs.MACHINE_SCHEDULING: 512, "Pendulum-v1": 64},
     "quick": {
         "CartPole-v1": 1_024,
         "Hopper-v5": 512,
         "CartPoleNoVel-v1": 512,
-        common.MACHINE_SCHEDULING: 2_048,
+        configs.MACHINE_SCHEDULING: 2_048,
         "Pendulum-v1": 256,
     },
     "full": {
         "CartPole-v1": 6_144,
         "Hopper-v5": 1_536,
         "CartPoleNoVel-v1": 2_048,
-        common.MACHINE_SCHEDULING: 8_192,
+        configs.MACHINE_SCHEDULING: 8_192,
         "Pendulum-v1": 500,
     },
 }
@@ -126,11 +126,11 @@ def run_job(job: tuple[str, int, int, int]) -> list[dict[str, Any]]:
     names = ENV_VARIANTS[env_id]
     models, guards = {}, {}
     for name in names:
-        variant = common.VARIANTS[name]
+        variant = variants.VARIANTS[name]
         config = settings(variant.algo, env_id)
-        env = common.make_env(env_id, config.n_envs, seed=replica, normalize=config.normalize, gamma=config.gamma)
-        models[name] = common.build_model(variant, env, seed=replica, kwargs=config.kwargs)
-        guards[name] = common.make_guard(variant)
+        env = training.make_env(env_id, config.n_envs, seed=replica, normalize=config.normalize, gamma=config.gamma)
+        models[name] = variants.build_model(variant, env, seed=replica, kwargs=config.kwargs)
+        guards[name] = variants.make_guard(variant)
 
     def measure(name: str, steps: int) -> dict[str, Any]:
         model, guard = models[name], guards[name]
@@ -148,7 +148,7 @@ def run_job(job: tuple[str, int, int, int]) -> list[dict[str, Any]]:
             wall_s=wall,
             cpu_s=cpu,
             error=None,
-            params_finite=common.params_finite(model),
+            params_finite=training.params_finite(model),
             final_return=float("nan"),
         )
 
@@ -170,15 +170,15 @@ def run_job(job: tuple[str, int, int, int]) -> list[dict[str, Any]]:
                     cpu_steps_per_s=row["steps_done"] / row["cpu_s"],
                 )
             )
-            print(common._summary(rows[-1]), flush=True)
+            print(suite.summary(rows[-1]), flush=True)
     for model in models.values():
         model.get_env().close()
     return rows
 
 
-def settings(algo: str, env_id: str) -> common.ZooConfig:
+def settings(algo: str, env_id: str) -> configs.ZooConfig:
     """The zoo settings of ``algo`` on ``env_id`` with this suite's OVERRIDES."""
-    return common.family_config(algo, env_id, **OVERRIDES.get((algo, env_id), {}))
+    return configs.family_config(algo, env_id, **OVERRIDES.get((algo, env_id), {}))
 
 
 def warm_up_steps(model: Any) -> int:
@@ -243,10 +243,10 @@ def verdict(median: float, low: float, high: float, target: float) -> str:
 
 def report(out: Path) -> None:
     """``overhead.md`` and ``overhead.png`` from ``overhead.jsonl``."""
-    meta, runs = common.read_jsonl(out / f"{SUITE}.jsonl")
+    meta, runs = suite.read_jsonl(out / f"{SUITE}.jsonl")
     budget_ = meta.get("budget", {})
     envs = [env_id for env_id in ENVS if any(row["env"] == env_id for row in runs)]
-    lines = common.report_header(
+    lines = reports.report_header(
         "Overhead: steps per second, stock SB3 vs sb3-safe",
         meta,
         [
@@ -256,7 +256,7 @@ def report(out: Path) -> None:
             " timed: each chunk's `learn(..., reset_num_timesteps=False)`. Every (replica, round) gives one ratio.",
             "Hyperparameters: "
             + "; ".join(
-                common.describe_zoo(settings(family, env_id), budget_.get("timesteps", {}).get(env_id, 0))
+                configs.describe_zoo(settings(family, env_id), budget_.get("timesteps", {}).get(env_id, 0))
                 + "".join(f" ({key}={value})" for key, value in OVERRIDES.get((family, env_id), {}).items())
                 for env_id in envs
                 for family in _families(env_id)
@@ -310,21 +310,21 @@ def report(out: Path) -> None:
         "target",
         "met?",
     ]
-    lines += [*common.table(header, rows), "", "![overhead](overhead.png)"]
-    common.write_report(out / f"{SUITE}.md", lines)
+    lines += [*reports.table(header, rows), "", "![overhead](overhead.png)"]
+    reports.write_report(out / f"{SUITE}.md", lines)
     plot(runs, envs, out)
 
 
 def _families(env_id: str) -> list[str]:
     """The algorithm families timed on ``env_id`` (one settings line each in the report)."""
     families = {"PPO": "PPO", "KLAdaptivePPO": "PPO", "A2C": "A2C", "SafeA2C": "A2C"}
-    algos = [common.VARIANTS[name].algo for name in ENV_VARIANTS[env_id]]
+    algos = [variants.VARIANTS[name].algo for name in ENV_VARIANTS[env_id]]
     return list(dict.fromkeys(families.get(algo, algo) for algo in algos))
 
 
 def plot(runs: list[dict[str, Any]], envs: list[str], out: Path) -> None:
     """Median wall ratio per comparison and env, with its confidence interval and the targets."""
-    plt = common.pyplot()
+    plt = reports.pyplot()
     # Each panel's width follows its number of comparisons (12 for PPO / A2C, 2 for an sb3-contrib algorithm)
     compared = {env_id: [c for c in COMPARISONS if ratios(runs, env_id, c[0], c[1], "wall_s")] for env_id in envs}
     envs = [env_id for env_id in envs if compared[env_id]]
@@ -351,4 +351,4 @@ def plot(runs: list[dict[str, Any]], envs: list[str], out: Path) -> None:
         axis.set(ylabel="time ratio", ylim=(0.8, None))
         axis.set_title(f"{env_id}:\ntime ratio vs baseline", fontsize=10)
         axis.legend(fontsize=7)
-    common.save_figure(figure, out / "overhead.png")
+    reports.save_figure(figure, out / "overhead.png")

@@ -38,7 +38,8 @@ from stable_baselines3.common.env_util import make_atari_env
 from stable_baselines3.common.sb2_compat.rmsprop_tf_like import RMSpropTFLike
 from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecFrameStack
 
-from benchmarks.common import RESULTS, params_finite, skipped_updates
+from benchmarks.reports import RESULTS
+from benchmarks.training import params_finite, skipped_updates
 from sb3_safe import SafeA2C
 
 ENV_ID = "PongNoFrameskip-v4"

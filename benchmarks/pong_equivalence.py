@@ -40,7 +40,7 @@ from typing import Any
 
 import torch as th
 
-from benchmarks import common
+from benchmarks import reports, suite, training
 
 ENV_ID = "PongNoFrameskip-v4"
 N_ENVS = 16
@@ -164,7 +164,7 @@ def headroom(steps: int, seed: int, out: Path) -> dict[str, Any]:
     model = make_model("SafeA2C", seed, logit_bound=DEFAULT_LOGIT_BOUND)
     model.learn(steps, callback=CompareLogits())
     model.get_env().close()
-    common.write_jsonl(out / "pong_equivalence.jsonl", [dict(kind="update", **row) for row in rows])
+    suite.write_jsonl(out / "pong_equivalence.jsonl", [dict(kind="update", **row) for row in rows])
     return dict(
         bound=DEFAULT_LOGIT_BOUND,
         steps=int(model.num_timesteps),
@@ -175,14 +175,14 @@ def headroom(steps: int, seed: int, out: Path) -> dict[str, Any]:
         log_prob_change_max=max(row["log_prob_change_max"] for row in rows),
         total_variation_max=max(row["total_variation_max"] for row in rows),
         gradient_factor_min=min(row["gradient_factor_min"] for row in rows),
-        skipped_updates=common.skipped_updates(model),
+        skipped_updates=training.skipped_updates(model),
         wall_s=time.perf_counter() - wall,
     )
 
 
 def report(out: Path, command: str, first: dict[str, Any], second: dict[str, Any]) -> None:
     """``pong_equivalence.md``: what was compared, the numbers, the reasoning and its limits."""
-    meta = common.machine_info()
+    meta = suite.machine_info()
     difference = first["first_difference"]
     lines = [
         "# A2C on Pong by equivalence: SafeA2C vs stock A2C with rl-zoo's Atari configuration",
@@ -210,7 +210,7 @@ def report(out: Path, command: str, first: dict[str, Any], second: dict[str, Any
         f"SafeA2C with `logit_bound={second['bound']:g}`, {second['steps']:,} steps ({second['updates']} updates)."
         " Per update, on the rollout's observations, raw logits z vs bounded ones 10 tanh(z / 10):",
         "",
-        *common.table(
+        *reports.table(
             ["quantity", "worst over all updates"],
             [
                 ["largest raw logit, max abs(z) (`train/logit_max`)", f"{second['logit_max']:.3f}"],
@@ -244,7 +244,7 @@ def report(out: Path, command: str, first: dict[str, Any], second: dict[str, Any
         " not the same learning curve. rl-zoo's 10M-step result itself was not reproduced here (about 20 hours on this"
         " machine; `python -m benchmarks.pong_a2c` runs it where compute allows).",
     ]
-    common.write_report(out / "pong_equivalence.md", lines)
+    reports.write_report(out / "pong_equivalence.md", lines)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -254,7 +254,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--updates", type=int, default=100, help="updates compared bit for bit (part 1)")
     parser.add_argument("--steps", type=int, default=100_000, help="steps of the default-bound run (part 2)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, default=common.RESULTS)
+    parser.add_argument("--out", type=Path, default=reports.RESULTS)
     args = parser.parse_args(argv)
     th.set_num_threads(1)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -264,7 +264,7 @@ def main(argv: list[str] | None = None) -> None:
     second = headroom(args.steps, args.seed, args.out)
     print(json.dumps(second), flush=True)
     summaries = [dict(kind="same_updates", command=command, **first), dict(kind="headroom", **second)]
-    common.write_jsonl(args.out / "pong_equivalence.jsonl", summaries, mode="a")
+    suite.write_jsonl(args.out / "pong_equivalence.jsonl", summaries, mode="a")
     report(args.out, command, first, second)
 
 

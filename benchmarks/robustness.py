@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks import aggregate, common
+from benchmarks import aggregate, configs, reports, suite, training, variants
 
 SUITE = "robustness"
 #: Learning rate = tuned x factor: log-spaced around 1, mostly above it (too high is the common mistake)
@@ -99,7 +99,7 @@ def tuned_settings(task: Task) -> tuple[Any, float]:
     The zoo entry's learning rate (a float or zoo's linear schedule) and entropy coefficient; where the entry sets
     none (a2c.yml's CartPole-v1 sets no learning rate), the stock algorithm's default, which rl-zoo then trains with.
     """
-    config = common.zoo_config(task.zoo_file, task.env_id)
+    config = configs.zoo_config(task.zoo_file, task.env_id)
     defaults = inspect.signature(_stock_class(task).__init__).parameters
     learning_rate = config.kwargs.get("learning_rate", defaults["learning_rate"].default)
     ent_coef = float(config.kwargs.get("ent_coef", defaults["ent_coef"].default))
@@ -109,7 +109,7 @@ def tuned_settings(task: Task) -> tuple[Any, float]:
 def _stock_class(task: Task) -> type:
     from stable_baselines3 import A2C, PPO
 
-    return {"PPO": PPO, "A2C": A2C}[common.VARIANTS[task.stock].algo]
+    return {"PPO": PPO, "A2C": A2C}[variants.VARIANTS[task.stock].algo]
 
 
 def initial_learning_rate(learning_rate: Any) -> float:
@@ -159,8 +159,8 @@ def run_job(job: tuple[str, str, float, float, int, int, int]) -> list[dict[str,
     env_id, variant, factor, ent_coef, seed, timesteps, episodes = job
     task = TASKS[env_id]
     tuned_lr, _ = tuned_settings(task)
-    config = common.zoo_config(task.zoo_file, env_id, learning_rate=scaled_learning_rate(tuned_lr, factor), ent_coef=ent_coef)
-    row = common.train(common.VARIANTS[variant], env_id, config, timesteps, seed, episodes)
+    config = configs.zoo_config(task.zoo_file, env_id, learning_rate=scaled_learning_rate(tuned_lr, factor), ent_coef=ent_coef)
+    row = training.train(variants.VARIANTS[variant], env_id, config, timesteps, seed, episodes)
     return [
         dict(
             task=env_id,
@@ -301,10 +301,10 @@ HEADLINE_HEADER = [
 
 def report(out: Path) -> None:
     """``robustness.md``, ``robustness_<env>.png`` (heatmaps) and ``robustness_profile.png`` from the JSONL."""
-    meta, runs = common.read_jsonl(out / f"{SUITE}.jsonl")
+    meta, runs = suite.read_jsonl(out / f"{SUITE}.jsonl")
     results = [task_results(task, runs) for task in TASKS.values() if any(row["task"] == task.env_id for row in runs)]
     grid = meta.get("budget", {})
-    lines = common.report_header(
+    lines = reports.report_header(
         "Robustness map: learning rate x entropy coefficient around rl-zoo's tuned settings, stock SB3 vs sb3-safe",
         meta,
         [
@@ -344,7 +344,7 @@ def report(out: Path) -> None:
         "",
         f"![profiles]({SUITE}_profile.png)",
     ]
-    common.write_report(out / f"{SUITE}.md", lines)
+    reports.write_report(out / f"{SUITE}.md", lines)
     for result in results:
         plot_heatmaps(result, out)
     plot_profiles(results, out)
@@ -353,14 +353,14 @@ def report(out: Path) -> None:
 def _describe(task: Task, timesteps: int) -> str:
     """The zoo entry and how its learning rate and entropy coefficient are set."""
     learning_rate, ent_coef = tuned_settings(task)
-    config = common.zoo_config(task.zoo_file, task.env_id)
+    config = configs.zoo_config(task.zoo_file, task.env_id)
     if "learning_rate" not in config.kwargs:
         source = f"{_stock_class(task).__name__}'s default {learning_rate:g} (the entry sets none)"
     elif callable(learning_rate):
         source = f"lin_{initial_learning_rate(learning_rate):g} (initial value scaled, schedule kept linear)"
     else:
         source = f"{learning_rate:g} (constant)"
-    return f"{common.describe_zoo(config, timesteps)}; tuned learning rate {source}, tuned ent_coef {ent_coef:g}"
+    return f"{configs.describe_zoo(config, timesteps)}; tuned learning rate {source}, tuned ent_coef {ent_coef:g}"
 
 
 def _timesteps(result: TaskResults) -> int:
@@ -404,7 +404,7 @@ def _task_section(result: TaskResults) -> list[str]:
                 f"{reached} of {len(cells)} ({reached / len(cells):.0%})" if result.normalizable and cells else "n/a",
             ]
         )
-    lines += ["### Headline", "", *common.table(HEADLINE_HEADER, headline), ""]
+    lines += ["### Headline", "", *reports.table(HEADLINE_HEADER, headline), ""]
     lines += _worst_case(result)
     if result.normalizable:
         scores = {variant: result.score_matrix(variant) for variant in task.variants}
@@ -465,7 +465,7 @@ def _worst_case(result: TaskResults) -> list[str]:
         f"Minimum final return over ent_coef ({', '.join(f'{ent:g}' for ent in result.ent_coefs)}) and seeds;"
         " 'failed k of n': k runs without a valid return, which rank below any return.",
         "",
-        *common.table(header, rows),
+        *reports.table(header, rows),
         "",
     ]
     for variant, passed in verdicts.items():
@@ -517,7 +517,7 @@ def _error_text(row: dict[str, Any]) -> str:
 
 def plot_heatmaps(result: TaskResults, out: Path) -> None:
     """One panel per variant: rows ent_coef, columns learning-rate factor, colour the seed mean return."""
-    plt = common.pyplot()
+    plt = reports.pyplot()
     task = result.task
     means, texts = {}, {}
     for variant in task.variants:
@@ -558,12 +558,12 @@ def plot_heatmaps(result: TaskResults, out: Path) -> None:
     assert image is not None
     figure.colorbar(image, cax=axes[-1], label="mean final return")
     figure.suptitle(f"{task.env_id}: final return over the grid (xN failed seeds, rN rollbacks)", fontsize=10)
-    common.save_figure(figure, out / f"{SUITE}_{task.env_id}.png")
+    reports.save_figure(figure, out / f"{SUITE}_{task.env_id}.png")
 
 
 def plot_profiles(results: list[TaskResults], out: Path) -> None:
     """Performance profiles of the normalized scores, one panel per task (a note where they are not defined)."""
-    plt = common.pyplot()
+    plt = reports.pyplot()
     figure, axes = plt.subplots(1, max(len(results), 1), figsize=(6 * max(len(results), 1), 4), squeeze=False)
     for axis, result in zip(axes[0], results, strict=False):
         axis.set_title(result.task.env_id)
@@ -575,4 +575,4 @@ def plot_profiles(results: list[TaskResults], out: Path) -> None:
         top = max(1.25, max(float(np.max(matrix)) for matrix in scores.values() if matrix.size))
         aggregate.performance_profile(axis, scores, np.linspace(0.0, top, 61))
         axis.axvline(REACH_THRESHOLD, color="grey", linestyle=":", linewidth=1)
-    common.save_figure(figure, out / f"{SUITE}_profile.png")
+    reports.save_figure(figure, out / f"{SUITE}_profile.png")

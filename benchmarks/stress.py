@@ -20,7 +20,8 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from benchmarks import common
+from benchmarks import configs, reports, suite, training
+from benchmarks.variants import VARIANTS
 
 SUITE = "stress"
 #: The ways to train, per algorithm family: stock, safe policy, safe algorithm, safe algorithm + guard, and the safe
@@ -276,7 +277,7 @@ CONFIGS = {
             " masking constant -1e8, so the mask stops removing actions. Stock raises nothing at this budget: its"
             " failure is the actions taken against the mask",
             "MaskablePPO",
-            common.MACHINE_SCHEDULING,
+            configs.MACHINE_SCHEDULING,
             _steps(512, 4_096, 20_480),
             dict(policy_kwargs="dict(net_arch=[64, 64], activation_fn=nn.ReLU)"),
             wrapper=_OBS_1E11,
@@ -288,7 +289,7 @@ CONFIGS = {
             " without gradient clipping (max_grad_norm=inf; the example: Adam 1e-3, clipping 0.5): the first update"
             " diverges",
             "MaskablePPO",
-            common.MACHINE_SCHEDULING,
+            configs.MACHINE_SCHEDULING,
             _steps(1_024, 4_096, 20_480),
             dict(
                 learning_rate=0.3,
@@ -317,7 +318,7 @@ def jobs(size: str) -> list[tuple[str, str, int, int, int]]:
 
 def variants(config: StressConfig) -> list[str]:
     """The config's variants, one per role the family has (roles that need a log-std only for continuous actions)."""
-    common.register_envs(config.env_id)
+    training.register_envs(config.env_id)
     continuous = isinstance(gym.make(config.env_id).action_space, gym.spaces.Box)
     return [
         variant
@@ -331,11 +332,11 @@ def run_job(job: tuple[str, str, int, int, int]) -> list[dict[str, Any]]:
     name, variant, seed, timesteps, episodes = job
     config = CONFIGS[name]
     if config.zoo:
-        zoo = common.family_config(config.family, config.env_id, **config.overrides)
+        zoo = configs.family_config(config.family, config.env_id, **config.overrides)
     else:
-        zoo = common.other_config(f"{config.family}'s defaults", config.env_id, **config.overrides)
-    row = common.train(
-        common.VARIANTS[variant],
+        zoo = configs.other_config(f"{config.family}'s defaults", config.env_id, **config.overrides)
+    row = training.train(
+        VARIANTS[variant],
         config.env_id,
         zoo,
         timesteps,
@@ -366,9 +367,9 @@ def _healthy(row: dict[str, Any]) -> bool:
 
 def report(out: Path) -> None:
     """``stress.md`` and ``stress.png`` from ``stress.jsonl``."""
-    meta, runs = common.read_jsonl(out / f"{SUITE}.jsonl")
+    meta, runs = suite.read_jsonl(out / f"{SUITE}.jsonl")
     names = [name for name in CONFIGS if any(row["config"] == name for row in runs)]
-    lines = common.report_header(
+    lines = reports.report_header(
         "Stress: misconfigurations, stock SB3 vs sb3-safe",
         meta,
         [
@@ -417,7 +418,7 @@ def report(out: Path) -> None:
                     _sum(selected, "log_std_collapsed"),
                     _per_seed(selected, "log_std_max"),
                     _sum(selected, "masked_actions"),
-                    common.mean_std(row["final_return"] for row in selected),
+                    reports.mean_std(row["final_return"] for row in selected),
                     "<br>".join(errors) or "-",
                 ]
             )
@@ -425,13 +426,13 @@ def report(out: Path) -> None:
     lines += [
         "## Runs that finished with finite parameters and no exception (MaskablePPO: and no action against the mask)",
         "",
-        *common.table(["config", *ROLES, "misconfiguration"], summary),
+        *reports.table(["config", *ROLES, "misconfiguration"], summary),
         "",
         "![stress](stress.png)",
         "",
         "## Per configuration and variant",
         "",
-        *common.table(
+        *reports.table(
             [
                 "config",
                 "variant",
@@ -449,7 +450,7 @@ def report(out: Path) -> None:
             details,
         ),
     ]
-    common.write_report(out / f"{SUITE}.md", lines)
+    reports.write_report(out / f"{SUITE}.md", lines)
     plot(runs, names, out)
 
 
@@ -468,7 +469,7 @@ def _per_seed(rows: list[dict[str, Any]], key: str) -> str:
 
 def plot(runs: list[dict[str, Any]], names: list[str], out: Path) -> None:
     """Share of healthy runs per configuration and role."""
-    plt = common.pyplot()
+    plt = reports.pyplot()
     figure, axis = plt.subplots(figsize=(max(6, 1.1 * len(names) + 2), 4.5))
     x = np.arange(len(names))
     width = 0.8 / len(ROLES)
@@ -485,4 +486,4 @@ def plot(runs: list[dict[str, Any]], names: list[str], out: Path) -> None:
         title="Stress: runs that stayed finite",
     )
     axis.legend(fontsize=7, loc="upper center", ncol=3)
-    common.save_figure(figure, out / "stress.png")
+    reports.save_figure(figure, out / "stress.png")

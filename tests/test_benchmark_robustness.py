@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import common
+from benchmarks import configs
 from benchmarks.__main__ import main
 from benchmarks.robustness import HEADLINE_HEADER, TASKS, initial_learning_rate, scaled_learning_rate
 
@@ -76,7 +76,7 @@ def test_learning_rate_scaling_keeps_the_schedule() -> None:
     # zoo's lin_ schedule: the initial value is scaled and the override is again a lin_ string, so it stays linear
     override = scaled_learning_rate(linear_schedule(7e-4), 10.0)
     assert isinstance(override, str) and override.startswith("lin_")
-    schedule = common.zoo_config("ppo", "Pendulum-v1", learning_rate=override).kwargs["learning_rate"]
+    schedule = configs.zoo_config("ppo", "Pendulum-v1", learning_rate=override).kwargs["learning_rate"]
     assert isinstance(schedule, SimpleLinearSchedule)
     assert initial_learning_rate(schedule) == pytest.approx(7e-3)
     assert schedule(0.5) == pytest.approx(3.5e-3)

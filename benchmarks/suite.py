@@ -1,0 +1,119 @@
+"""
+Running a suite: the process pool, JSONL I/O and the machine information every results file starts with.
+"""
+
+import json
+import multiprocessing
+import os
+import platform
+import time
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+from benchmarks.configs import ROOT
+
+SIZES = ("tiny", "quick", "full")
+
+
+def _init_worker() -> None:
+    import torch as th
+
+    # One torch thread per process: N processes on N cores without oversubscription
+    th.set_num_threads(1)
+
+
+def run_parallel(function: Callable[[Any], list[dict[str, Any]]], jobs: list[Any], n_jobs: int) -> Iterator[dict[str, Any]]:
+    """Run ``function`` on each job in up to ``n_jobs`` spawned processes; yield its rows as they finish."""
+    if n_jobs <= 1:
+        _init_worker()
+        for job in jobs:
+            yield from function(job)
+        return
+    with multiprocessing.get_context("spawn").Pool(n_jobs, initializer=_init_worker) as pool:
+        for rows in pool.imap_unordered(function, jobs, chunksize=1):
+            yield from rows
+
+
+def machine_info() -> dict[str, Any]:
+    """CPU, core count, load average and library versions."""
+    import gymnasium
+    import stable_baselines3
+    import torch as th
+
+    import sb3_safe
+
+    cpu = platform.processor() or "unknown CPU"
+    cpuinfo = Path("/proc/cpuinfo")
+    models = [line for line in cpuinfo.read_text().splitlines() if line.startswith("model name")] if cpuinfo.exists() else []
+    if models:
+        cpu = models[0].split(":", 1)[1].strip()
+    return dict(
+        commit=_git_commit(),
+        cpu=cpu,
+        cores=os.cpu_count(),
+        load_avg=round(os.getloadavg()[0], 2),
+        python=platform.python_version(),
+        torch=th.__version__,
+        sb3=stable_baselines3.__version__,
+        gymnasium=gymnasium.__version__,
+        sb3_safe=sb3_safe.__version__,
+    )
+
+
+def _git_commit() -> str | None:
+    """The repository's commit (``+dirty`` with uncommitted changes under ``sb3_safe/``): the code measured."""
+    import subprocess
+
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True)
+        dirty = subprocess.run(["git", "status", "--porcelain", "sb3_safe"], cwd=ROOT, capture_output=True, text=True)
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+
+
+def write_jsonl(path: Path, rows: Iterable[dict[str, Any]], mode: str = "w") -> None:
+    """Write (or append) rows, one JSON object per line, flushed as they come."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, mode) as file:
+        for row in rows:
+            file.write(json.dumps(row) + "\n")
+            file.flush()
+
+
+def read_jsonl(path: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The meta row (kind "meta", the last one if several) and the run rows of a suite's JSONL."""
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    metas = [row for row in rows if row.get("kind") == "meta"]
+    return (metas[-1] if metas else {}), [row for row in rows if row.get("kind") != "meta"]
+
+
+def run_suite(
+    suite: str,
+    out: Path,
+    command: str,
+    size: str,
+    n_jobs: int,
+    function: Callable[[Any], list[dict[str, Any]]],
+    jobs: list[Any],
+    budget: dict[str, Any],
+) -> None:
+    """Run a suite's jobs, write ``<suite>.jsonl`` (meta row first, completed with the end state)."""
+    path = out / f"{suite}.jsonl"
+    meta = dict(kind="meta", suite=suite, command=command, size=size, jobs=n_jobs, budget=budget, **machine_info())
+    write_jsonl(path, [meta])
+    start = time.perf_counter()
+    for done, row in enumerate(run_parallel(function, jobs, n_jobs), start=1):
+        write_jsonl(path, [dict(kind="run", **row)], mode="a")
+        print(f"[{suite} row {done}] " + summary(row), flush=True)
+    meta.update(wall_s=time.perf_counter() - start, load_avg_after=round(os.getloadavg()[0], 2))
+    write_jsonl(path, [meta], mode="a")
+
+
+def summary(row: dict[str, Any]) -> str:
+    """A row's identifying keys and main results, on one line (the progress printed as rows come)."""
+    keys = ("config", "env", "variant", "seed", "pair", "final_return", "steps_per_s", "wall_s", "error")
+    return " ".join(
+        f"{key}={row[key]:.4g}" if isinstance(row[key], float) else f"{key}={row[key]}" for key in keys if key in row
+    )

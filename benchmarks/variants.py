@@ -1,0 +1,134 @@
+"""
+The ways a benchmark trains: stock SB3 / sb3-contrib algorithms and sb3-safe's policies, algorithms and guard.
+"""
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Variant:
+    """
+    One way to train: an algorithm class, a policy, and optionally the guard.
+
+    :param name: shown in tables
+    :param algo: ``"PPO"``, ``"KLAdaptivePPO"``, ``"A2C"``, ``"SafeA2C"``, or sb3-contrib's ``"RecurrentPPO"`` or
+        ``"MaskablePPO"``
+    :param safe_policy: stock algorithm with sb3-safe's policy for it (``SafeMlpPolicy``, ``SafeMlpLstmPolicy``,
+        ``SafeMaskableMlpPolicy``; the safe algorithms always use ``SafeMlpPolicy``)
+    :param guard: NonFiniteGuardCallback mode, or None for no guard ("+guard" in a name is rollback mode)
+    :param foreach: stock algorithm and policy, but the optimizer steps with ``foreach=True`` as sb3-safe's
+        policies do (same values; isolates the cost of the safety from the optimizer's speed-up)
+    :param log_std_low: lower bound of the safe policy's ``log_std_range`` (upper bound the default), None: default
+    """
+
+    name: str
+    algo: str
+    safe_policy: bool = False
+    guard: str | None = None
+    foreach: bool = False
+    log_std_low: float | None = None
+
+
+#: Off-policy algorithms timed with and without the guard (SB3's SAC, TD3, DQN)
+OFF_POLICY = ("SAC", "TD3", "DQN")
+VARIANTS = {
+    variant.name: variant
+    for variant in (
+        Variant("PPO", "PPO"),
+        Variant("PPO(foreach)", "PPO", foreach=True),
+        Variant("PPO+SafeMlpPolicy", "PPO", safe_policy=True),
+        Variant("PPO+SafeMlpPolicy(lo=-5)", "PPO", safe_policy=True, log_std_low=-5.0),
+        Variant("PPO+guard(raise)", "PPO", guard="raise"),
+        Variant("PPO+guard", "PPO", guard="rollback"),
+        Variant("PPO+SafeMlpPolicy+guard", "PPO", safe_policy=True, guard="rollback"),
+        Variant("KLAdaptivePPO", "KLAdaptivePPO"),
+        Variant("KLAdaptivePPO+guard(raise)", "KLAdaptivePPO", guard="raise"),
+        Variant("KLAdaptivePPO+guard", "KLAdaptivePPO", guard="rollback"),
+        Variant("A2C", "A2C"),
+        Variant("A2C(foreach)", "A2C", foreach=True),
+        Variant("A2C+guard(raise)", "A2C", guard="raise"),
+        Variant("A2C+guard", "A2C", guard="rollback"),
+        Variant("A2C+SafeMlpPolicy", "A2C", safe_policy=True),
+        Variant("A2C+SafeMlpPolicy(lo=-5)", "A2C", safe_policy=True, log_std_low=-5.0),
+        Variant("SafeA2C", "SafeA2C"),
+        Variant("SafeA2C+guard(raise)", "SafeA2C", guard="raise"),
+        Variant("SafeA2C+guard", "SafeA2C", guard="rollback"),
+        # sb3-contrib's algorithms have no sb3-safe algorithm class: the safe policy is the safe role, + the guard
+        Variant("RecurrentPPO", "RecurrentPPO"),
+        Variant("RecurrentPPO(foreach)", "RecurrentPPO", foreach=True),
+        Variant("RecurrentPPO+SafeMlpLstmPolicy", "RecurrentPPO", safe_policy=True),
+        Variant("RecurrentPPO+SafeMlpLstmPolicy(lo=-5)", "RecurrentPPO", safe_policy=True, log_std_low=-5.0),
+        Variant("RecurrentPPO+SafeMlpLstmPolicy+guard", "RecurrentPPO", safe_policy=True, guard="rollback"),
+        Variant("MaskablePPO", "MaskablePPO"),
+        Variant("MaskablePPO(foreach)", "MaskablePPO", foreach=True),
+        Variant("MaskablePPO+SafeMaskableMlpPolicy", "MaskablePPO", safe_policy=True),
+        Variant("MaskablePPO+SafeMaskableMlpPolicy+guard", "MaskablePPO", safe_policy=True, guard="rollback"),
+        # Off-policy algorithms have no safe policy or algorithm here: the guard is what sb3-safe adds to them
+        *(
+            Variant(f"{algo}{suffix}", algo, guard=guard)
+            for algo in OFF_POLICY
+            for suffix, guard in (("", None), ("+guard(raise)", "raise"), ("+guard", "rollback"))
+        ),
+    )
+}
+
+
+def build_model(variant: Variant, env: Any, seed: int, kwargs: dict[str, Any]) -> Any:
+    """Construct the variant's model on ``env`` (CPU, quiet)."""
+    from sb3_contrib import MaskablePPO, RecurrentPPO
+    from stable_baselines3 import A2C, DQN, PPO, SAC, TD3
+    from stable_baselines3.common.noise import NormalActionNoise
+
+    from sb3_safe import KLAdaptivePPO, SafeA2C, SafeMaskableMlpPolicy, SafeMlpLstmPolicy, SafeMlpPolicy
+    from sb3_safe.common.distributions import DEFAULT_LOG_STD_RANGE
+
+    classes = {
+        "PPO": PPO,
+        "KLAdaptivePPO": KLAdaptivePPO,
+        "A2C": A2C,
+        "SafeA2C": SafeA2C,
+        "RecurrentPPO": RecurrentPPO,
+        "MaskablePPO": MaskablePPO,
+        "SAC": SAC,
+        "TD3": TD3,
+        "DQN": DQN,
+    }
+    if "noise_type" in kwargs:  # rl-zoo's action-noise keys, turned into the noise object as its ExperimentManager does
+        kwargs = dict(kwargs)
+        noise_type, noise_std = kwargs.pop("noise_type"), float(kwargs.pop("noise_std"))
+        if noise_type != "normal":
+            raise ValueError(f"noise_type={noise_type!r}: only 'normal' is supported here")
+        n_actions = env.action_space.shape[0]
+        kwargs["action_noise"] = NormalActionNoise(np.zeros(n_actions), noise_std * np.ones(n_actions))
+    if variant.safe_policy:
+        policy = {"RecurrentPPO": SafeMlpLstmPolicy, "MaskablePPO": SafeMaskableMlpPolicy}.get(variant.algo, SafeMlpPolicy)
+    else:
+        policy = "MlpLstmPolicy" if variant.algo == "RecurrentPPO" else "MlpPolicy"
+    if variant.log_std_low is not None:
+        log_std_range = (variant.log_std_low, DEFAULT_LOG_STD_RANGE[1])
+        kwargs = {**kwargs, "policy_kwargs": {**kwargs.get("policy_kwargs", {}), "log_std_range": log_std_range}}
+    model = classes[variant.algo](policy, env, seed=seed, device="cpu", verbose=0, **kwargs)
+    if variant.foreach:
+        # Set on the built optimizer: passing optimizer_kwargs would replace A2C's RMSprop settings
+        for group in model.policy.optimizer.param_groups:
+            group["foreach"] = True
+    return model
+
+
+def make_guard(variant: Variant) -> Any:
+    """
+    A fresh guard callback for the variant, or None. Its events are counted in the JSONL rows; its per-event report
+    goes to the temporary folder, not to the working directory the benchmark runs in.
+    """
+    import tempfile
+
+    from sb3_safe import NonFiniteGuardCallback
+
+    if variant.guard is None:
+        return None
+    report_dir = os.path.join(tempfile.gettempdir(), "sb3_safe_benchmark_guard")
+    return NonFiniteGuardCallback(on_nonfinite=variant.guard, report_dir=report_dir)
