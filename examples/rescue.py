@@ -79,8 +79,8 @@ def main() -> None:
 
     print("\n3. SafeMlpPolicy (bounded log-std) with the guard")
     model = A2C(SafeMlpPolicy, LargeActionRewardEnv(), learning_rate=LEARNING_RATE, seed=args.seed)
-    # A2C updates every 5 steps here: 10 updates at a bound are 50 steps
-    guard = NonFiniteGuardCallback(on_nonfinite="rollback", collapse_patience=10)
+    # Patience in environment steps (the default, 10,000, is longer than this example's runs)
+    guard = NonFiniteGuardCallback(on_nonfinite="rollback", collapse_patience=200)
     model.learn(args.timesteps, callback=guard)
     low, high = model.policy.log_std_range
     log_std = model.policy.log_std.data

@@ -377,8 +377,8 @@ def test_inf_adam_moment_in_sac_is_repaired(mode: str, tmp_path: Any) -> None:
     assert guard.events[0].nonfinite[0].name.startswith("critic.optimizer.state[policy.critic.qf0.0.weight].exp_avg")
     assert all_finite(model)
     if mode == "stop":
-        # Stopped at the first env step after the failed update
-        assert model.num_timesteps == 41 and all_finite(SAC.load(tmp_path / "sac.zip", device="cpu"))
+        # Stopped before the next env step: the next rollout is not collected
+        assert model.num_timesteps == 40 and all_finite(SAC.load(tmp_path / "sac.zip", device="cpu"))
     else:
         assert model.num_timesteps == 80 and guard.n_rollbacks == 1
         for optimizer in (model.actor.optimizer, model.critic.optimizer, model.ent_coef_optimizer):
@@ -394,7 +394,7 @@ def test_nan_observation_is_blamed_on_the_environment() -> None:
         model.learn(128, callback=NonFiniteGuardCallback())
     message = str(error.value)
     assert "timestep 21 (env step)" in message and "observation of env 0: 1 NaN, 0 inf of 3" in message
-    assert "Rollback cannot repair environment data" in message
+    assert "Environment data cannot be rolled back" in message
 
 
 @pytest.mark.parametrize("algo", [PPO, DQN, QRDQN])
@@ -405,7 +405,7 @@ def test_rollback_cannot_repair_env_data_so_it_stops(algo: type[BaseAlgorithm], 
     model.learn(128, callback=guard)
 
     assert guard.n_rollbacks == 0 and [event.action for event in guard.events] == ["stop"]
-    assert guard.stop_reason is not None and "rollback cannot repair this data" in guard.stop_reason
+    assert guard.stop_reason is not None and "environment data cannot be rolled back" in guard.stop_reason
     assert model.num_timesteps == 30
     assert all_finite(algo.load(tmp_path / "healthy.zip", device="cpu"))
 

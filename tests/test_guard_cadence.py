@@ -5,6 +5,7 @@ from typing import Any
 
 import pytest
 import torch as th
+from faults import NaNAfterOptimizerStep
 from stable_baselines3 import A2C, DQN, PPO, SAC
 from stable_baselines3.common.callbacks import BaseCallback, CallbackList
 from stable_baselines3.common.env_util import make_vec_env
@@ -65,9 +66,15 @@ def test_the_nan_is_still_caught_at_the_optimizer_step_that_made_it(algo: type) 
     # Between full checks, every optimizer step is checked: the NaN never reaches a forward pass unnoticed
     env_id = "CartPole-v1" if algo is DQN else "Pendulum-v1"
     model = algo("MlpPolicy", env_id, learning_starts=100, batch_size=16, policy_kwargs=dict(net_arch=[16]), seed=0)
-    optimizer = "policy.optimizer" if algo is DQN else "critic.optimizer"
-    with pytest.raises(NonFiniteError, match=rf"timestep 300 \(optimizer step of {optimizer} in train\(\)\)"):
-        model.learn(400, callback=CallbackList([NaNInWeightAt(300), NonFiniteGuardCallback()]))
+    name = "policy.optimizer" if algo is DQN else "critic.optimizer"
+    optimizer = model.policy.optimizer if algo is DQN else model.critic.optimizer
+    network = model.policy.q_net if algo is DQN else model.critic
+    NaNAfterOptimizerStep(optimizer, at=50, weight=next(network.parameters()))
+    guard = NonFiniteGuardCallback()
+    with pytest.raises(NonFiniteError, match=rf"\(optimizer step of {name} in train\(\)\)"):
+        model.learn(400, callback=guard)
+    timestep = guard.events[0].timestep
+    assert 100 < timestep < FEW_STEP_SNAPSHOT_EVERY  # between two full checks
 
 
 @pytest.mark.parametrize("algo", [A2C, SafeA2C])

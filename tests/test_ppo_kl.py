@@ -148,16 +148,6 @@ def log_prob_from_params(distribution: Any, params: th.Tensor, actions: th.Tenso
     return distribution.proba_distribution(mean, log_std).log_prob(actions)
 
 
-class CallPolicyBetweenStepAndAdd(BaseCallback):
-    """Runs the policy's forward pass on other observations between the step and the buffer's ``add``."""
-
-    def _on_step(self) -> bool:
-        observations = th.zeros((3, *self.model.observation_space.shape))
-        with th.no_grad():
-            self.model.policy(observations)
-        return True
-
-
 @pytest.mark.parametrize("env_id", ["Pendulum-v1", "CartPole-v1"])
 def test_old_params_come_from_the_forward_pass_that_acted(env_id: str) -> None:
     # The policy changes after every step; parameters recomputed after the rollout would not give the stored
@@ -170,10 +160,19 @@ def test_old_params_come_from_the_forward_pass_that_acted(env_id: str) -> None:
 
 
 def test_old_params_recomputed_with_a_warning_when_the_acting_pass_was_not_seen() -> None:
-    model = KLAdaptivePPO("MlpPolicy", make_vec_env("CartPole-v1", n_envs=2, seed=0), n_steps=16, batch_size=32, seed=0)
+    """A collection loop that never runs the policy's forward pass (actions from ``predict``): the buffer computes them."""
+    env = make_vec_env("CartPole-v1", n_envs=2, seed=0)
+    model = KLAdaptivePPO("MlpPolicy", env, n_steps=16, batch_size=32, seed=0)
+    buffer, obs = model.rollout_buffer, env.reset()
+    buffer.reset()
     with pytest.warns(UserWarning, match="forward pass that chose these actions was not recorded"):
-        model.learn(32, callback=CallPolicyBetweenStepAndAdd())
-    data = next(model.rollout_buffer.get())
+        for _ in range(16):
+            actions, _ = model.predict(obs)  # _predict, not forward: the recording hook does not see it
+            with th.no_grad():
+                values, log_prob, _ = model.policy.evaluate_actions(th.as_tensor(obs), th.as_tensor(actions))
+            buffer.add(obs, actions.reshape(-1, 1), np.zeros(2), np.zeros(2, dtype=bool), values, log_prob)
+            obs, *_ = env.step(actions)
+    data = next(buffer.get())
     log_prob = log_prob_from_params(model.policy.action_dist, data.old_dist_params, data.actions)
     # the policy did not change during collection: the recomputed parameters are the acting ones
     assert th.allclose(log_prob, data.old_log_prob, atol=1e-5)
@@ -506,6 +505,6 @@ def test_policy_with_the_recording_hook_pickles_and_copies_detached_from_the_buf
     copies = [copy.deepcopy(model.policy), pickle.loads(pickle.dumps(model.policy))]
     for policy in copies:
         policy(th.zeros((3, 4)))
-        assert model.rollout_buffer._acting is None  # a copy's forward passes do not reach the live buffer
+        assert model.rollout_buffer._passes == []  # a copy's forward passes do not reach the live buffer
     model.policy(th.zeros((1, 4)))
-    assert model.rollout_buffer._acting is not None
+    assert len(model.rollout_buffer._passes) == 1

@@ -31,12 +31,23 @@ from stable_baselines3.common.vec_env import VecNormalize
 
 from sb3_safe.common.kl import distribution_params, has_analytic_kl
 
+#: Forward passes kept between two ``add`` calls (the acting one and those of callbacks); older ones are dropped
+_RECORDED_PASSES = 8
+
+
+class _RecordedPass(NamedTuple):
+    """What one forward pass of the collecting policy was computed from, and what it gave."""
+
+    observation: th.Tensor | TensorDict
+    actions: th.Tensor
+    dist_params: th.Tensor
+
 
 class _ActingDistributionRecorder:
     """
-    Forward hook of the collecting policy: keeps the actions and the distribution parameters of each pass for the
-    buffer's next ``add``. Holds the buffer weakly (a replaced buffer must not stay alive through the policy); a
-    pickled or deep-copied policy gets a recorder attached to no buffer.
+    Forward hook of the collecting policy: keeps the input observation, the actions and the distribution parameters
+    of each pass for the buffer's next ``add``. Holds the buffer weakly (a replaced buffer must not stay alive
+    through the policy); a pickled or deep-copied policy gets a recorder attached to no buffer.
 
     :param buffer: the buffer to record for; None: record nothing
     """
@@ -46,11 +57,35 @@ class _ActingDistributionRecorder:
 
     def __call__(self, policy: ActorCriticPolicy, inputs: Any, outputs: tuple[th.Tensor, ...]) -> None:
         buffer = None if self._buffer is None else self._buffer()
-        if buffer is not None:
-            buffer._acting = (outputs[0].detach(), distribution_params(policy.action_dist).detach())
+        if buffer is not None and inputs:
+            passes = buffer._passes
+            if len(passes) >= _RECORDED_PASSES:
+                del passes[0]
+            passes.append(_RecordedPass(inputs[0], outputs[0].detach(), distribution_params(policy.action_dist).detach()))
 
     def __reduce__(self) -> tuple[type, tuple[()]]:
         return type(self), ()
+
+
+def _is_same_memory(tensor: th.Tensor, array: np.ndarray) -> bool:
+    """Whether ``tensor`` was made from ``array`` without a copy (``obs_as_tensor`` on the CPU): the same values."""
+    return (
+        tensor.device.type == "cpu"
+        and tuple(tensor.shape) == array.shape
+        and tensor.data_ptr() == array.__array_interface__["data"][0]
+    )
+
+
+def _observation_matches(recorded: th.Tensor | TensorDict, obs: np.ndarray | dict[str, np.ndarray], by_value: bool) -> bool:
+    """Whether a pass was computed from ``obs``: by memory (cheap), or by value (a copy to the host)."""
+    if isinstance(recorded, dict) or isinstance(obs, dict):
+        if not (isinstance(recorded, dict) and isinstance(obs, dict)) or recorded.keys() != obs.keys():
+            return False
+        return all(_observation_matches(recorded[key], obs[key], by_value) for key in obs)
+    array = np.asarray(obs)
+    if not by_value:
+        return _is_same_memory(recorded, array)
+    return tuple(recorded.shape) == array.shape and np.array_equal(recorded.detach().cpu().numpy(), array)
 
 
 class KLRolloutBufferSamples(NamedTuple):
@@ -86,8 +121,8 @@ class KLRolloutBuffer(RolloutBuffer):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.policy: ActorCriticPolicy | None = None
-        #: (actions, distribution parameters) of the policy's latest forward pass, until ``add`` takes them
-        self._acting: tuple[th.Tensor, th.Tensor] | None = None
+        #: the policy's forward passes since the last ``add``, oldest first
+        self._passes: list[_RecordedPass] = []
         self._warned_recomputed = False
         super().__init__(*args, **kwargs)
 
@@ -103,6 +138,7 @@ class KLRolloutBuffer(RolloutBuffer):
 
     def reset(self) -> None:
         super().reset()
+        self._passes = []
         width = self.old_dist_params.shape[-1] if hasattr(self, "old_dist_params") else 0
         self.old_dist_params = np.zeros((self.buffer_size, self.n_envs, width), dtype=np.float32)
 
@@ -117,13 +153,22 @@ class KLRolloutBuffer(RolloutBuffer):
         super().add(obs, action, *args, **kwargs)
 
     def _acting_params(self, obs: Any, action: np.ndarray) -> np.ndarray:
-        """The parameters recorded by the forward pass that chose ``action``, else the current policy's."""
+        """
+        The parameters recorded by the forward pass that chose ``action`` from ``obs``, else the current policy's.
+
+        The acting pass is the latest one computed from this observation, with these actions: a callback that runs
+        the policy (on the next observation, say) in between leaves a pass on another observation, and equal actions
+        alone are a coincidence that discrete actions make common.
+        """
         assert self.policy is not None
-        acting, self._acting = self._acting, None
-        if acting is not None:
-            actions, params = acting
-            if np.array_equal(actions.cpu().numpy().reshape(-1), np.asarray(action).reshape(-1)):
-                return params.cpu().numpy().reshape(self.n_envs, -1)
+        passes, self._passes = self._passes, []
+        flat_action = np.asarray(action).reshape(-1)
+        for by_value in (False, True):
+            for recorded in reversed(passes):
+                if _observation_matches(recorded.observation, obs, by_value) and np.array_equal(
+                    recorded.actions.cpu().numpy().reshape(-1), flat_action
+                ):
+                    return recorded.dist_params.cpu().numpy().reshape(self.n_envs, -1)
         if not self._warned_recomputed:
             warnings.warn(
                 "The forward pass that chose these actions was not recorded (a callback called the policy between "

@@ -12,7 +12,7 @@ import torch as th
 from stable_baselines3.common.callbacks import BaseCallback
 from torch.utils.hooks import RemovableHandle
 
-from sb3_safe.common.exploration import DEFAULT_PATIENCE, ExplorationWatch
+from sb3_safe.common.exploration import DEFAULT_PATIENCE, ExplorationWatch, shared_watch
 from sb3_safe.common.guard import report
 from sb3_safe.common.guard.cadence import FullCheckCadence
 from sb3_safe.common.guard.locate import ENVIRONMENT, MODEL, NORMALIZATION, ROLLOUT, Fault, FaultLocator
@@ -20,6 +20,7 @@ from sb3_safe.common.guard.report import REPORT_FILENAME, GuardEvent, NonFiniteG
 from sb3_safe.common.guard.response import (
     ON_NONFINITE_MODES,
     ROLLBACKS_ATTRIBUTE,
+    EndCollection,
     OnNonFinite,
     Response,
     check_settings,
@@ -120,7 +121,7 @@ class NonFiniteGuardCallback(BaseCallback):
         verbose: int = 0,
     ) -> None:
         super().__init__(verbose)
-        check_settings(on_nonfinite, lr_decay, max_rollbacks)
+        check_settings(on_nonfinite, lr_decay, max_rollbacks, save_path)
         self.on_nonfinite = on_nonfinite
         self.save_path = save_path
         self.lr_decay = lr_decay
@@ -165,7 +166,15 @@ class NonFiniteGuardCallback(BaseCallback):
             self.model, watched, self._snapshots, self.on_nonfinite, self.lr_decay, self.max_rollbacks, self.save_path
         )
         self._events_at_start = len(self.events)
-        self._check_model("at the start of learn()")
+        self.exploration = shared_watch(self.model, self.exploration)
+        first_obs = self.model._last_obs
+        if first_obs is None or watched.observation_is_finite(first_obs):
+            self._check_model("at the start of learn()")
+        else:
+            # The environment's fault, not the model's: keep the model as the healthy state a stop saves
+            self._check_model("at the start of learn()", report=False)
+            self._handle(self._locator.in_first_observation(first_obs))
+        self.exploration.after_update(self.model)
 
     def _on_rollout_start(self) -> None:
         if self._stopping:
@@ -173,19 +182,28 @@ class NonFiniteGuardCallback(BaseCallback):
             return
         if self._cadence.due_at_rollout_start(self.model):
             self._check_model(f"after train() (n_updates={getattr(self.model, '_n_updates', None)})")
+        else:
+            self._check_live_model("at the start of a rollout")
 
     def _on_step(self) -> bool:
         if self._stopping:
             return False
-        new_obs, rewards, actions = self.locals["new_obs"], self.locals["rewards"], self._watched.step_actions(self.locals)
-        if not self._watched.step_is_finite(new_obs, rewards, actions):
-            fault = self._locator.in_step(new_obs, rewards, actions)
+        locals_ = self.locals
+        new_obs, rewards, actions = locals_["new_obs"], locals_["rewards"], self._watched.step_actions(locals_)
+        # The VecEnv reset the envs whose episode ended: their final observations are only in the infos
+        infos = locals_.get("infos", ())
+        terminal = [(i, info["terminal_observation"]) for i, info in enumerate(infos) if "terminal_observation" in info]
+        if not self._watched.step_is_finite(new_obs, rewards, actions, terminal):
+            fault = self._locator.in_step(new_obs, rewards, actions, terminal)
             self._handle(fault)
             if fault.source == NORMALIZATION and not self._stopping:  # rolled back
                 renormalize_step(self._watched.vec_normalize, new_obs, rewards)
         return not self._stopping
 
     def _on_rollout_end(self) -> None:
+        if not self._stopping:
+            # Before train() (and, on-policy, after the last value prediction): what a callback changed in the rollout
+            self._check_live_model("at the end of a rollout, before train()")
         buffer = getattr(self.model, "rollout_buffer", None)
         if buffer is not None and not self._stopping and not self._watched.rollout_buffer_is_finite(buffer):
             self._handle(self._locator.in_rollout_buffer(buffer))
@@ -200,6 +218,9 @@ class NonFiniteGuardCallback(BaseCallback):
         elif self._cadence.due_at_training_end(self.model):
             self._check_model("after the last train() of learn()")
         self._detach_hooks()
+        # Only the stand-in the guard installed on this model is removed
+        if isinstance(self.model.__dict__.get("collect_rollouts"), EndCollection):
+            del self.model.__dict__["collect_rollouts"]
         if len(self.events) > self._events_at_start:
             # SB3 dumps before train(), so without this the last events would never reach the log files
             report.record_counts(self.logger, len(self.events), self.n_rollbacks)
@@ -229,16 +250,28 @@ class NonFiniteGuardCallback(BaseCallback):
 
     # ----- the full check -----
 
-    def _check_model(self, phase: str) -> None:
-        """Check every stored tensor and the VecNormalize statistics; when healthy, keep them as the snapshot."""
+    def _check_model(self, phase: str, report: bool = True) -> None:
+        """
+        Check every stored tensor and the VecNormalize statistics; when healthy, keep them as the snapshot.
+
+        :param phase: when, for the report
+        :param report: False to only commit a healthy state, reporting nothing (another fault is being reported)
+        """
         snapshot, finite = self._snapshots.copy_and_test()
         if not finite:
-            self._handle(self._locator.in_copy(snapshot, phase))
+            if report:
+                self._handle(self._locator.in_copy(snapshot, phase))
         elif not self._watched.vec_normalize_is_finite():
-            self._handle(self._locator.in_vec_normalize(phase))
+            if report:
+                self._handle(self._locator.in_vec_normalize(phase))
         else:
             self._snapshots.commit(snapshot)
             self._cadence.passed(self.model)
+
+    def _check_live_model(self, phase: str) -> None:
+        """The cheap check of what forward passes read, between full checks: catches changes made outside a step."""
+        if not self._watched.model_is_finite():
+            self._handle(self._locator.in_live_model(f"{phase}: changed outside an optimizer step"))
 
     # ----- reacting -----
 
@@ -257,6 +290,9 @@ class NonFiniteGuardCallback(BaseCallback):
             raise NonFiniteError(event.message)
         if event.action == "stop":
             self.stop_reason = event.message
+            # Found outside an env step, the stop cannot return False from on_step: end learn() before the next
+            # rollout, whose first forward pass would use what was found
+            setattr(self.model, "collect_rollouts", EndCollection(self.model))  # noqa: B010  (not every BaseAlgorithm has one)
 
     @property
     def vec_normalize_path(self) -> str | None:
@@ -292,6 +328,8 @@ class NumericsMonitorCallback(BaseCallback):
         self.exploration = ExplorationWatch(collapse_patience)
 
     def _on_training_start(self) -> None:
+        self.exploration = shared_watch(self.model, self.exploration)
+        self.exploration.after_update(self.model)
         self._params: list[th.Tensor] = [p for p in self.model.policy.parameters() if p.is_floating_point()]
         self._gradient_norm = GradientNorm(self._params)
         log_std = getattr(self.model.policy, "log_std", None)

@@ -6,13 +6,14 @@ state, gradients) and the normalization statistics can be repaired by restoring 
 environment, or collected with a policy that already misbehaved, cannot.
 """
 
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
 import torch as th
 
 from sb3_safe.common.guard.snapshot import Snapshot
-from sb3_safe.common.guard.watch import WatchedModel
+from sb3_safe.common.guard.watch import Observation, WatchedModel
 from sb3_safe.common.numerics import NonFiniteTensor, find_nonfinite
 
 #: The sources of a non-finite value
@@ -33,11 +34,18 @@ class Fault(NamedTuple):
     nonfinite: list[NonFiniteTensor]
 
 
-def _per_env(name: str, data: np.ndarray | dict[str, np.ndarray]) -> list[tuple[str, np.ndarray]]:
+def _per_env(name: str, data: Observation) -> list[tuple[str, np.ndarray]]:
     """Split batched env data into one named entry per env (and per key for dict observations)."""
     if isinstance(data, dict):
         return [entry for key, value in data.items() for entry in _per_env(f"{name}[{key!r}]", value)]
     return [(f"{name} of env {i}", np.asarray(data[i])) for i in range(len(data))]
+
+
+def _named_observation(name: str, observation: np.ndarray | dict[str, np.ndarray]) -> list[tuple[str, np.ndarray]]:
+    """One env's observation, named (one entry per key of a dict observation)."""
+    if isinstance(observation, dict):
+        return [(f"{name}[{key!r}]", np.asarray(value)) for key, value in observation.items()]
+    return [(name, np.asarray(observation))]
 
 
 class FaultLocator:
@@ -71,6 +79,30 @@ class FaultLocator:
         """
         return Fault(MODEL, phase, snapshot.flat.find_nonfinite())
 
+    def in_live_model(self, phase: str) -> Fault:
+        """
+        Name what failed :meth:`~sb3_safe.common.guard.watch.WatchedModel.model_is_finite`: a parameter, buffer or
+        torch variable changed outside an optimizer step (by a callback or user code between updates).
+
+        :param phase: e.g. ``at the start of a rollout``
+        """
+        return Fault(MODEL, phase, find_nonfinite(self.watched.live_tensors()))
+
+    def in_first_observation(self, observation: Observation) -> Fault:
+        """
+        :param observation: the observation ``learn()`` starts from (``model._last_obs``), which failed its check
+        """
+        venv = self.watched.vec_normalize
+        raw = observation if venv is None else venv.get_original_obs()
+        phase = "first observation of learn() (from env.reset())"
+        from_env = find_nonfinite(_per_env("observation", raw))
+        if from_env or venv is None:
+            # VecNormalize.reset() has already updated its statistics with it
+            return Fault(ENVIRONMENT, phase, from_env + (self._vec_normalize() if venv is not None else []))
+        return Fault(
+            NORMALIZATION, phase, self._vec_normalize() + find_nonfinite(_per_env("normalized observation", observation))
+        )
+
     def in_vec_normalize(self, phase: str) -> Fault:
         """:param phase: e.g. ``after train() (n_updates=3)``"""
         return Fault(NORMALIZATION, phase, self._vec_normalize())
@@ -80,7 +112,13 @@ class FaultLocator:
         named = self.watched.rollout_buffer_arrays(buffer)
         return Fault(ROLLOUT, "end of rollout (returns and advantages computed)", find_nonfinite(named))
 
-    def in_step(self, new_obs: np.ndarray | dict[str, np.ndarray], rewards: np.ndarray, actions: np.ndarray) -> Fault:
+    def in_step(
+        self,
+        new_obs: Observation,
+        rewards: np.ndarray,
+        actions: np.ndarray,
+        terminal: Sequence[tuple[int, Observation]] = (),
+    ) -> Fault:
         """
         Name the bad env data of a step, telling the environment's own output from the policy's actions and from
         normalization.
@@ -88,13 +126,16 @@ class FaultLocator:
         :param new_obs: the (normalized) observations the step returned
         :param rewards: the (normalized) rewards
         :param actions: the actions sent to the env
+        :param terminal: (env index, final observation) of the episodes that ended at this step
         """
         venv = self.watched.vec_normalize
         if venv is not None:
             raw_obs, raw_rewards = venv.get_original_obs(), venv.get_original_reward()
         else:
             raw_obs, raw_rewards = new_obs, rewards
-        from_env = find_nonfinite(_per_env("observation", raw_obs) + _per_env("reward", raw_rewards))
+        # VecNormalize keeps no original of a terminal observation; a NaN survives its normalization (inf is clipped)
+        final = [entry for i, obs in terminal for entry in _named_observation(f"terminal observation of env {i}", obs)]
+        from_env = find_nonfinite(_per_env("observation", raw_obs) + _per_env("reward", raw_rewards) + final)
         if from_env:
             if venv is not None:
                 from_env += self._vec_normalize()

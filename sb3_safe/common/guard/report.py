@@ -33,13 +33,13 @@ _CAUSES = {
     ENVIRONMENT: (
         "The environment produced it: check its step() and reset() (division by zero, simulator blow-up, "
         "unbounded reward), and wrap it in VecCheckNan(raise_exception=True) to find the call. "
-        "Rollback cannot repair environment data."
+        "Environment data cannot be rolled back."
     ),
     ROLLOUT: (
         "The policy or value function produced it from finite parameters: a log-std so large that the std "
         "overflows (or so small that log-probs reach -inf), or a diverging value function. Bound the log-std "
         "(sb3_safe's SafeMlpPolicy), lower the learning rate, scale the rewards. "
-        "Rollback cannot repair data already collected."
+        "Data already collected cannot be rolled back."
     ),
 }
 

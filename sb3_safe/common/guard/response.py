@@ -2,12 +2,15 @@
 The response policy: what the guard does about a located fault (raise, stop or roll back), and doing it.
 """
 
+import os
 from typing import Any, Literal, get_args
 
 import numpy as np
 from stable_baselines3.common.base_class import BaseAlgorithm
+from stable_baselines3.common.off_policy_algorithm import OffPolicyAlgorithm
+from stable_baselines3.common.type_aliases import RolloutReturn
 
-from sb3_safe.common.guard.locate import MODEL, NORMALIZATION
+from sb3_safe.common.guard.locate import ENVIRONMENT, MODEL, NORMALIZATION
 from sb3_safe.common.guard.snapshot import SnapshotStore
 from sb3_safe.common.guard.watch import WatchedModel
 from sb3_safe.common.schedules import scale_learning_rate
@@ -21,13 +24,14 @@ ROLLBACKS_ATTRIBUTE = "nonfinite_guard_rollbacks"
 RESTORABLE = (MODEL, NORMALIZATION)
 
 
-def check_settings(on_nonfinite: str, lr_decay: float, max_rollbacks: int) -> None:
+def check_settings(on_nonfinite: str, lr_decay: float, max_rollbacks: int, save_path: str | None = None) -> None:
     """
     Raise a ``ValueError`` naming the first bad setting of the response.
 
     :param on_nonfinite: one of :data:`ON_NONFINITE_MODES`
     :param lr_decay: factor in (0, 1)
     :param max_rollbacks: >= 0
+    :param save_path: None, or a file path whose folder exists or can be created
     """
     if on_nonfinite not in ON_NONFINITE_MODES:
         raise ValueError(f"on_nonfinite must be one of {ON_NONFINITE_MODES}, got {on_nonfinite!r}")
@@ -35,6 +39,27 @@ def check_settings(on_nonfinite: str, lr_decay: float, max_rollbacks: int) -> No
         raise ValueError(f"lr_decay must be in (0, 1), got {lr_decay!r}")
     if max_rollbacks < 0:
         raise ValueError(f"max_rollbacks must be >= 0, got {max_rollbacks!r}")
+    if save_path is not None:
+        _check_save_path(save_path)
+
+
+def _check_save_path(save_path: str) -> None:
+    """A stop saves when training has already gone wrong: a path that cannot be written must fail now, not then."""
+    if not isinstance(save_path, str | os.PathLike) or not str(save_path):
+        raise ValueError(f"save_path must be None or a file path, got {save_path!r}")
+    path = os.path.abspath(save_path)
+    if os.path.isdir(path):
+        raise ValueError(
+            f"save_path must be a file path (e.g. {os.path.join(save_path, 'healthy.zip')}), got a folder: {save_path!r}"
+        )
+    folder = os.path.dirname(path)
+    # The nearest existing ancestor decides: SB3's save creates the missing folders below it
+    while not os.path.exists(folder):
+        folder = os.path.dirname(folder)
+    if not os.path.isdir(folder):
+        raise ValueError(f"save_path={save_path!r} cannot be written: {folder} is a file, not a folder")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise ValueError(f"save_path={save_path!r} cannot be written: no write permission in {folder}")
 
 
 def vec_normalize_path(save_path: str | None) -> str | None:
@@ -102,8 +127,10 @@ class Response:
         if self.on_nonfinite == "rollback" and source in RESTORABLE and has_healthy and self.n_rollbacks < self.max_rollbacks:
             return "rollback", self._rollback()
         reason = ""
-        if self.on_nonfinite == "rollback" and source not in RESTORABLE:
-            reason = "rollback cannot repair this data"
+        if self.on_nonfinite == "rollback" and source == ENVIRONMENT:
+            reason = "environment data cannot be rolled back"
+        elif self.on_nonfinite == "rollback" and source not in RESTORABLE:
+            reason = "data already collected cannot be rolled back"
         elif self.on_nonfinite == "rollback" and has_healthy:
             reason = f"all max_rollbacks={self.max_rollbacks} rollbacks were used"
         return "stop", self._stop(reason)
@@ -129,15 +156,40 @@ class Response:
         self.snapshots.restore()
         where = "restored in memory"
         if self.save_path is not None:
-            self.model.save(self.save_path)
-            where = f"restored and saved to {self.save_path}"
-            venv = self.watched.vec_normalize
+            where = self._save(self.save_path)
+        return f"Stopping training{why}; the last healthy model (timestep {healthy.timestep}) was {where}."
+
+    def _save(self, save_path: str) -> str:
+        """Save the restored model (and VecNormalize); a failure is reported in the message, never hides the fault."""
+        venv = self.watched.vec_normalize
+        vec_path = vec_normalize_path(save_path)
+        try:
+            self.model.save(save_path)
             if venv is not None:
-                vec_path = vec_normalize_path(self.save_path)
                 assert vec_path is not None
                 venv.save(vec_path)
-                where += f" (VecNormalize to {vec_path})"
-        return f"Stopping training{why}; the last healthy model (timestep {healthy.timestep}) was {where}."
+        except OSError as error:
+            return f"restored in memory; saving it to {save_path} failed ({type(error).__name__}: {error})"
+        where = f"restored and saved to {save_path}"
+        return where + (f" (VecNormalize to {vec_path})" if venv is not None else "")
+
+
+class EndCollection:
+    """
+    Stands in for ``model.collect_rollouts`` (an instance attribute, removed at the end of ``learn()``) once a stop was
+    decided outside an env step: SB3's ``learn()`` then ends before the next rollout, as when ``on_step`` returns
+    False, without the forward pass that would use the bad value (the first observation, say).
+
+    :param model: the algorithm
+    """
+
+    def __init__(self, model: BaseAlgorithm) -> None:
+        self.model = model
+
+    def __call__(self, *args: Any, **kwargs: Any) -> bool | RolloutReturn:
+        if isinstance(self.model, OffPolicyAlgorithm):
+            return RolloutReturn(0, 0, continue_training=False)
+        return False
 
 
 def renormalize_step(venv: Any, new_obs: np.ndarray | dict[str, np.ndarray], rewards: np.ndarray) -> None:

@@ -1,10 +1,11 @@
 """
-What the guard watches: the tensors ``model.save()`` stores, under their names, the VecNormalize statistics, each
-env step's data and the rollout buffer; the optimizer hooks it listens on; and the cheap checks of all of these.
+What the guard watches: the tensors ``model.save()`` stores, under their names, the VecNormalize statistics, the
+first observation of ``learn()``, each env step's data (terminal observations included) and the rollout buffer; the
+optimizer hooks it listens on; and the cheap checks of all of these.
 """
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -15,11 +16,20 @@ from torch.utils.hooks import RemovableHandle
 
 from sb3_safe.common.numerics import ArrayFiniteCheck, GradientNorm, TensorFiniteCheck
 
+#: A batch of observations, or of dict observations
+Observation = np.ndarray | dict[str, np.ndarray]
 #: The hooks' signature, as ``register_step_pre_hook`` / ``register_step_post_hook`` call them
 OptimizerHook = Callable[[th.optim.Optimizer, Any, Any], None]
 #: The rollout buffer arrays that the end-of-rollout check reads, where the buffer has them
 ROLLOUT_BUFFER_ARRAYS = ("rewards", "values", "returns", "advantages", "log_probs")
 _NO_ACTIONS = np.zeros(0, dtype=np.int64)
+
+
+def _arrays(observation: Observation) -> list[np.ndarray]:
+    """The arrays of an observation (one, or one per key of a dict observation)."""
+    if isinstance(observation, dict):
+        return [np.asarray(value) for value in observation.values()]
+    return [np.asarray(observation)]
 
 
 class WatchedModel:
@@ -63,6 +73,8 @@ class WatchedModel:
         self._step_checks = {
             id(optimizer): (name, TensorFiniteCheck(self.parameters(optimizer))) for name, optimizer in self.optimizers
         }
+        # What forward passes read: every module parameter and buffer, and the torch variables (read in place)
+        self._live_check = TensorFiniteCheck(tensor for _, tensor in self.live_tensors())
         self._all_finite = ArrayFiniteCheck()
 
     # ----- names -----
@@ -110,6 +122,15 @@ class WatchedModel:
             named += self.optimizer_state(optimizer_name, optimizer, optimizer.state)
         return named
 
+    def live_tensors(self) -> list[tuple[str, th.Tensor]]:
+        """What forward passes read, named: every module parameter and buffer, and the torch variables."""
+        named = [
+            (f"{name}.{key}", tensor)
+            for name, module in self.modules
+            for key, tensor in module.state_dict(keep_vars=True).items()
+        ]
+        return named + self.variables
+
     def signature(self) -> tuple[tuple[int, int], ...]:
         """What changes when the set of state tensors does."""
         # Optimizer state is created lazily at the first step: a new entry changes the set of tensors to watch
@@ -135,6 +156,21 @@ class WatchedModel:
         """:param buffer: an on-policy rollout buffer; its arrays of :data:`ROLLOUT_BUFFER_ARRAYS`, named"""
         arrays = [(name, getattr(buffer, name, None)) for name in ROLLOUT_BUFFER_ARRAYS]
         return [(f"rollout buffer {name}", array) for name, array in arrays if isinstance(array, np.ndarray)]
+
+    @staticmethod
+    def terminal_observations(dones: np.ndarray, infos: list[dict[str, Any]]) -> list[tuple[int, Observation]]:
+        """
+        The final observations of the episodes that ended at an env step, which ``new_obs`` does not hold (the VecEnv
+        reset those envs): SB3 stores them as ``next_obs`` in replay buffers and bootstraps from them on truncation.
+
+        :param dones: the step's ``dones``
+        :param infos: the step's ``infos``
+        :return: (env index, terminal observation) for every env whose episode ended with one
+        """
+        if not dones.any():
+            return []
+        found = ((int(i), infos[i].get("terminal_observation")) for i in np.flatnonzero(dones))
+        return [(i, obs) for i, obs in found if obs is not None]
 
     @staticmethod
     def step_actions(locals_: dict[str, Any]) -> np.ndarray:
@@ -175,15 +211,32 @@ class WatchedModel:
         """Whether the VecNormalize statistics are finite (True without VecNormalize)."""
         return self.vec_normalize is None or self._all_finite(*(array for _, array in self.vec_normalize_arrays()))
 
-    def step_is_finite(self, new_obs: np.ndarray | dict[str, np.ndarray], rewards: np.ndarray, actions: np.ndarray) -> bool:
+    def model_is_finite(self) -> bool:
+        """Whether what forward passes read is finite (:meth:`live_tensors`, read in place, one reduction each)."""
+        return self._live_check()
+
+    def observation_is_finite(self, observation: Observation) -> bool:
+        """:param observation: a batch of observations, or of dict observations"""
+        return self._all_finite(*_arrays(observation))
+
+    def step_is_finite(
+        self,
+        new_obs: Observation,
+        rewards: np.ndarray,
+        actions: np.ndarray,
+        terminal: Sequence[tuple[int, Observation]] = (),
+    ) -> bool:
         """
         Whether an env step's data is finite, with the VecNormalize variances: one call for all of it.
 
         :param new_obs: the (normalized) observations the step returned
         :param rewards: the (normalized) rewards
         :param actions: the actions sent to the env (discrete actions are integers: the check skips them)
+        :param terminal: the step's :meth:`terminal_observations` (normalized under VecNormalize, like ``new_obs``)
         """
-        observations = new_obs.values() if isinstance(new_obs, dict) else (new_obs,)
+        observations = list(new_obs.values()) if isinstance(new_obs, dict) else [new_obs]
+        for _, obs in terminal:
+            observations += _arrays(obs)
         venv = self.vec_normalize
         if venv is None:
             return self._all_finite(*observations, rewards, actions)

@@ -1,0 +1,336 @@
+"""
+Every bad value is caught before it is used, whatever its source: terminal observations, the first observation of
+``learn()``, weights changed outside an optimizer step; KLAdaptivePPO's recorder keeps the acting pass's
+distribution; one ExplorationWarning per collapse.
+"""
+
+import math
+import warnings
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch as th
+from faults import NaNAfterOptimizerStep
+from gymnasium import spaces
+from stable_baselines3 import A2C, DQN, PPO, SAC
+from stable_baselines3.common.base_class import BaseAlgorithm
+from stable_baselines3.common.callbacks import BaseCallback
+from stable_baselines3.common.utils import obs_as_tensor
+from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
+
+from sb3_safe import (
+    KLAdaptivePPO,
+    NonFiniteError,
+    NonFiniteGuardCallback,
+    NumericsMonitorCallback,
+    SafeA2C,
+    SafeMlpPolicy,
+)
+from sb3_safe.common.exploration import ExplorationWarning
+from sb3_safe.common.kl import distribution_params
+
+
+@pytest.fixture(autouse=True)
+def in_tmp_path(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # the guard's report
+
+
+class BlowUpEnv(gym.Env):
+    """
+    Random observations; at step ``nan_at`` (counted over all episodes, from 1) the episode ends with a NaN
+    observation, by termination or by truncation; with ``nan_at_reset`` the first ``reset()`` returns a NaN.
+    Episodes are otherwise truncated after 16 steps.
+    """
+
+    def __init__(
+        self, nan_at: int | None = None, truncate: bool = False, nan_at_reset: bool = False, continuous: bool = False
+    ) -> None:
+        super().__init__()
+        self.observation_space = spaces.Box(-5.0, 5.0, (3,), np.float32)
+        self.action_space = spaces.Box(-1.0, 1.0, (1,), np.float32) if continuous else spaces.Discrete(2)
+        self.nan_at, self.truncate, self.nan_at_reset = nan_at, truncate, nan_at_reset
+        self.total_steps = self.episode_steps = self.resets = 0
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[np.ndarray, dict]:
+        super().reset(seed=seed)
+        self.episode_steps = 0
+        self.resets += 1
+        obs = self.np_random.normal(size=3).astype(np.float32)
+        if self.nan_at_reset and self.resets == 1:
+            obs[0] = np.nan
+        return obs, {}
+
+    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict]:
+        self.total_steps += 1
+        self.episode_steps += 1
+        obs = self.np_random.normal(size=3).astype(np.float32)
+        terminated, truncated = False, self.episode_steps >= 16
+        if self.total_steps == self.nan_at:
+            obs[2] = np.nan
+            terminated, truncated = not self.truncate, self.truncate
+        return obs, float(self.np_random.normal()), terminated, truncated, {}
+
+
+def two_envs(faulty: BlowUpEnv, continuous: bool = False) -> DummyVecEnv:
+    """Env 0 healthy, env 1 the faulty one: the message must name env 1."""
+    return DummyVecEnv([lambda: BlowUpEnv(continuous=continuous), lambda: faulty])
+
+
+def small_sac(env: Any) -> SAC:
+    return SAC("MlpPolicy", env, learning_starts=40, batch_size=16, policy_kwargs=dict(net_arch=[16]), seed=0)
+
+
+def small_dqn(env: Any) -> DQN:
+    return DQN("MlpPolicy", env, learning_starts=40, batch_size=16, train_freq=1, policy_kwargs=dict(net_arch=[16]), seed=0)
+
+
+def replay_buffer_is_finite(model: BaseAlgorithm) -> bool:
+    buffer = model.replay_buffer
+    end = buffer.buffer_size if buffer.full else buffer.pos
+    stored = [buffer.observations[:end], buffer.next_observations[:end], buffer.actions[:end], buffer.rewards[:end]]
+    return all(np.isfinite(array).all() for array in stored)
+
+
+def model_is_finite(model: BaseAlgorithm) -> bool:
+    return all(bool(th.isfinite(tensor).all()) for tensor in model.policy.state_dict().values() if tensor.is_floating_point())
+
+
+# ----- terminal observations -----
+
+
+@pytest.mark.parametrize("make", [small_sac, small_dqn], ids=["SAC", "DQN"])
+def test_nan_terminal_observation_raises_naming_it(make: Any) -> None:
+    model = make(
+        two_envs(BlowUpEnv(nan_at=60, continuous=True), continuous=True)
+        if make is small_sac
+        else two_envs(BlowUpEnv(nan_at=60))
+    )
+    with pytest.raises(NonFiniteError, match=r"terminal observation of env 1: 1 NaN, 0 inf of 3"):
+        model.learn(400, callback=NonFiniteGuardCallback())
+    assert model.num_timesteps == 120  # two envs: step 60 of env 1
+    assert replay_buffer_is_finite(model)
+
+
+@pytest.mark.parametrize("mode", ["stop", "rollback"])
+@pytest.mark.parametrize("make", [small_sac, small_dqn], ids=["SAC", "DQN"])
+def test_nan_terminal_observation_stops_cleanly_and_is_never_stored(make: Any, mode: str, tmp_path: Any) -> None:
+    env = two_envs(BlowUpEnv(nan_at=60, continuous=make is small_sac), continuous=make is small_sac)
+    model = make(env)
+    guard = NonFiniteGuardCallback(on_nonfinite=mode, save_path=str(tmp_path / "healthy.zip"))
+    model.learn(400, callback=guard)  # returns: no torch error from the NaN in a later sampled batch
+
+    assert model.num_timesteps == 120 and guard.n_rollbacks == 0
+    [event] = guard.events
+    assert event.source == "environment" and event.action == "stop"
+    assert "terminal observation of env 1" in event.message
+    assert guard.stop_reason is not None and "environment data cannot be rolled back" in guard.stop_reason.lower()
+    assert replay_buffer_is_finite(model)
+    assert model_is_finite(type(model).load(tmp_path / "healthy.zip"))
+
+
+@pytest.mark.parametrize("truncate", [False, True], ids=["terminated", "truncated"])
+def test_ppo_nan_final_observation_is_reported_as_the_observation(truncate: bool) -> None:
+    """On truncation PPO bootstraps from the final observation: the guard names it, not the reward it makes."""
+    model = PPO(
+        SafeMlpPolicy, two_envs(BlowUpEnv(nan_at=20, truncate=truncate)), n_steps=32, batch_size=32, n_epochs=1, seed=0
+    )
+    guard = NonFiniteGuardCallback(on_nonfinite="rollback")
+    model.learn(256, callback=guard)
+
+    [event] = guard.events
+    assert event.source == "environment" and event.phase == "env step"
+    assert [str(bad) for bad in event.nonfinite] == ["terminal observation of env 1: 1 NaN, 0 inf of 3"]
+    assert model.num_timesteps == 40 and np.isfinite(model.rollout_buffer.rewards).all()
+
+
+def test_nan_terminal_observation_under_vecnormalize_is_named() -> None:
+    env = VecNormalize(two_envs(BlowUpEnv(nan_at=20, continuous=True), continuous=True))
+    model = SAC("MlpPolicy", env, learning_starts=10, batch_size=8, policy_kwargs=dict(net_arch=[8]), seed=0)
+    with pytest.raises(NonFiniteError, match=r"terminal observation of env 1: 1 NaN"):
+        model.learn(100, callback=NonFiniteGuardCallback())
+    assert np.isfinite(env.obs_rms.mean).all() and np.isfinite(env.obs_rms.var).all()
+
+
+# ----- the first observation -----
+
+
+def test_nan_first_observation_stops_before_the_policy_sees_it(tmp_path: Any) -> None:
+    model = PPO(SafeMlpPolicy, DummyVecEnv([lambda: BlowUpEnv(nan_at_reset=True)]), n_steps=16, batch_size=16, seed=0)
+    guard = NonFiniteGuardCallback(on_nonfinite="stop", save_path=str(tmp_path / "healthy.zip"))
+    model.learn(64, callback=guard)  # no "policy output mean ... from finite inputs" error
+
+    [event] = guard.events
+    assert event.source == "environment" and event.action == "stop" and model.num_timesteps == 0
+    assert "first observation" in event.phase
+    assert [str(bad) for bad in event.nonfinite] == ["observation of env 0: 1 NaN, 0 inf of 3"]
+    assert "weights are probably NaN" not in event.message
+    assert model_is_finite(PPO.load(tmp_path / "healthy.zip"))
+
+
+def test_nan_first_observation_raises_naming_it_and_never_reaches_the_replay_buffer() -> None:
+    model = small_dqn(DummyVecEnv([lambda: BlowUpEnv(nan_at_reset=True)]))
+    with pytest.raises(NonFiniteError, match=r"first observation .*\n  observation of env 0: 1 NaN"):
+        model.learn(64, callback=NonFiniteGuardCallback())
+    model = small_dqn(DummyVecEnv([lambda: BlowUpEnv(nan_at_reset=True)]))
+    guard = NonFiniteGuardCallback(on_nonfinite="rollback")
+    model.learn(64, callback=guard)
+    assert model.num_timesteps == 0 and model.replay_buffer.pos == 0 and guard.n_rollbacks == 0
+    assert guard.stop_reason is not None and "environment data cannot be rolled back" in guard.stop_reason.lower()
+
+
+# ----- weights changed outside an optimizer step -----
+
+
+class NaNInWeight(BaseCallback):
+    """Write a NaN into a weight of ``network`` at the ``at``-th rollout start, or after the env step of ``timestep``."""
+
+    def __init__(self, network: str, rollout: int | None = None, timestep: int | None = None) -> None:
+        super().__init__()
+        self.network, self.rollout, self.timestep = network, rollout, timestep
+        self.rollouts = 0
+
+    def _corrupt(self) -> None:
+        weight = next(p for p in getattr(self.model.policy, self.network).parameters() if p.dim() == 2)
+        with th.no_grad():
+            weight[0, 0] = math.nan
+
+    def _on_rollout_start(self) -> None:
+        self.rollouts += 1
+        if self.rollouts == self.rollout:
+            self._corrupt()
+
+    def _on_step(self) -> bool:
+        if self.num_timesteps == self.timestep:
+            self._corrupt()
+        return True
+
+
+@pytest.mark.parametrize("algo", [A2C, SafeA2C])
+def test_nan_weight_written_at_a_rollout_start_is_caught_before_the_forward_pass(algo: type, tmp_path: Any) -> None:
+    model = algo("MlpPolicy", "CartPole-v1", n_steps=8, policy_kwargs=dict(net_arch=[16]), seed=0)
+    guard = NonFiniteGuardCallback(on_nonfinite="stop", save_path=str(tmp_path / "healthy.zip"))
+    # The 20th rollout starts at timestep 152: between two full checks (every 1,000 steps for A2C)
+    model.learn(400, callback=[NaNInWeight("mlp_extractor", rollout=20), guard])  # no "Expected parameter logits"
+
+    [event] = guard.events
+    assert event.source == "model" and event.action == "stop" and event.timestep == 152
+    assert "policy.mlp_extractor.policy_net.0.weight: 1 NaN" in event.message
+    assert model_is_finite(model) and model_is_finite(algo.load(tmp_path / "healthy.zip"))
+
+
+def test_nan_actor_weight_written_between_sac_updates_is_caught_before_train(tmp_path: Any) -> None:
+    model = small_sac(DummyVecEnv([lambda: BlowUpEnv(continuous=True)]))
+    guard = NonFiniteGuardCallback(on_nonfinite="stop", save_path=str(tmp_path / "healthy.zip"))
+    # Written after the env step: the next train() evaluates the actor first (no "Expected parameter loc")
+    model.learn(200, callback=[NaNInWeight("actor", timestep=120), guard])
+
+    [event] = guard.events
+    assert event.source == "model" and event.action == "stop" and event.timestep == 120
+    assert "policy.actor.latent_pi.0.weight: 1 NaN" in event.message
+    assert model_is_finite(SAC.load(tmp_path / "healthy.zip"))
+
+
+def test_nan_weight_between_updates_rolls_back_and_training_goes_on() -> None:
+    model = A2C("MlpPolicy", "CartPole-v1", n_steps=8, policy_kwargs=dict(net_arch=[16]), seed=0)
+    guard = NonFiniteGuardCallback(on_nonfinite="rollback")
+    model.learn(400, callback=[NaNInWeight("mlp_extractor", rollout=20), guard])
+    assert model.num_timesteps == 400 and guard.n_rollbacks == 1 and model_is_finite(model)
+
+
+# ----- KLAdaptivePPO's recorder -----
+
+
+class ReadsNextValue(BaseCallback):
+    """A common pattern: read V(s') (and so run the policy) on the new observations at every step."""
+
+    def _on_step(self) -> bool:
+        with th.no_grad():
+            self.model.policy(obs_as_tensor(self.locals["new_obs"], self.model.device))
+        return True
+
+
+class CompareStoredDistributions(BaseCallback):
+    """At each rollout end (before the update), compare the stored old distributions with the policy's own."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.worst: list[float] = []
+
+    def _on_step(self) -> bool:
+        return True
+
+    def _on_rollout_end(self) -> None:
+        buffer = self.model.rollout_buffer
+        observations = th.as_tensor(buffer.observations.reshape(-1, *buffer.obs_shape))
+        with th.no_grad():
+            expected = distribution_params(self.model.policy.get_distribution(observations)).numpy()
+        stored = buffer.old_dist_params.reshape(len(expected), -1)
+        self.worst.append(float(np.abs(stored - expected).max()))
+
+
+def test_recorder_keeps_the_acting_pass_when_a_callback_calls_the_policy() -> None:
+    model = KLAdaptivePPO("MlpPolicy", "CartPole-v1", n_steps=64, batch_size=64, n_epochs=1, seed=0)
+    with th.no_grad():  # distributions that differ a lot between observations, so a wrong row shows
+        model.policy.action_net.weight.mul_(300.0)
+    compare = CompareStoredDistributions()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "was not recorded ... computed from the current policy"
+        model.learn(512, callback=[ReadsNextValue(), compare])
+    assert len(compare.worst) == 8 and max(compare.worst) < 1e-5
+
+
+# ----- exploration -----
+
+
+def test_one_exploration_warning_per_collapse_with_the_guard_and_the_monitor(tmp_path: Any) -> None:
+    model = A2C(SafeMlpPolicy, "Pendulum-v1", n_steps=4, learning_rate=0.0, seed=0, policy_kwargs=dict(log_std_init=-20.0))
+    guard, monitor = NonFiniteGuardCallback(collapse_patience=40), NumericsMonitorCallback(collapse_patience=40)
+    with pytest.warns(ExplorationWarning) as warned:
+        model.learn(200, callback=[guard, monitor])
+    messages = [str(w.message) for w in warned if issubclass(w.category, ExplorationWarning)]
+    assert len(messages) == 1 and "for 40 environment steps" in messages[0]
+
+
+@pytest.mark.parametrize("algo, n_steps", [(A2C, 4), (PPO, 64)])
+def test_collapse_patience_counts_environment_steps_for_every_algorithm(algo: type, n_steps: int) -> None:
+    """The same patience means the same amount of training whatever the rollout length (it counted updates)."""
+    kwargs = dict(batch_size=64, n_epochs=1) if algo is PPO else {}
+    model = algo(
+        SafeMlpPolicy,
+        "Pendulum-v1",
+        n_steps=n_steps,
+        learning_rate=0.0,
+        seed=0,
+        policy_kwargs=dict(log_std_init=-20.0),
+        **kwargs,
+    )
+    guard = NonFiniteGuardCallback(collapse_patience=256)
+    with pytest.warns(ExplorationWarning, match=r"for 256 environment steps, at timestep 256\b"):
+        model.learn(320, callback=guard)
+
+
+# ----- where a stop saves -----
+
+
+def test_save_path_that_cannot_be_written_fails_at_construction(tmp_path: Any) -> None:
+    (tmp_path / "afile").write_text("not a folder")
+    with pytest.raises(ValueError, match=r"save_path='.*afile/healthy' cannot be written: .*afile is a file"):
+        NonFiniteGuardCallback(on_nonfinite="stop", save_path=str(tmp_path / "afile" / "healthy"))
+    with pytest.raises(ValueError, match=r"save_path must be a file path .*got a folder"):
+        NonFiniteGuardCallback(on_nonfinite="stop", save_path=str(tmp_path))
+    NonFiniteGuardCallback(on_nonfinite="stop", save_path=str(tmp_path / "new" / "folders" / "healthy.zip"))  # created
+
+
+def test_a_failed_save_does_not_hide_the_fault(tmp_path: Any) -> None:
+    model = A2C("MlpPolicy", "CartPole-v1", n_steps=8, policy_kwargs=dict(net_arch=[16]), seed=0)
+    guard = NonFiniteGuardCallback(on_nonfinite="stop", save_path=str(tmp_path / "later" / "healthy.zip"))
+    (tmp_path / "later").write_text("the folder became a file after the guard was built")
+    NaNAfterOptimizerStep(model.policy.optimizer, at=3, weight=model.policy.action_net.weight)
+    model.learn(400, callback=guard)  # no NotADirectoryError traceback
+
+    [event] = guard.events
+    assert "policy.action_net.weight: 1 NaN" in event.message
+    assert f"restored in memory; saving it to {tmp_path / 'later' / 'healthy.zip'} failed" in event.message
+    assert model_is_finite(model)
