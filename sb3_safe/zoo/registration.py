@@ -1,0 +1,118 @@
+"""
+:class:`~sb3_safe.KLAdaptivePPO` and :class:`~sb3_safe.SafeA2C` as the rl_zoo3 algorithms ``kl_ppo`` and
+``safe_a2c``: their registration, their optuna samplers and trial converters, and the packaged zoo-format
+configurations.
+"""
+
+from pathlib import Path
+from typing import Any
+
+import optuna
+from rl_zoo3 import ALGOS
+from rl_zoo3.hyperparams_opt import (
+    HYPERPARAMS_CONVERTER,
+    HYPERPARAMS_SAMPLER,
+    convert_onpolicy_params,
+    sample_a2c_params,
+    sample_ppo_params,
+)
+from stable_baselines3.common.base_class import BaseAlgorithm
+
+from sb3_safe.a2c_safe import SafeA2C
+from sb3_safe.ppo_kl import KLAdaptivePPO
+from sb3_safe.zoo.errors import ZooUsageError
+
+#: sb3-safe's algorithms under their zoo names
+ZOO_ALGOS: dict[str, type[BaseAlgorithm]] = {"kl_ppo": KLAdaptivePPO, "safe_a2c": SafeA2C}
+#: Stock zoo algorithms that also train with their packaged configuration without ``--conf-file``: RecurrentPPO
+#: with sb3-safe's recurrent policies (rl_zoo3's own ppo_lstm.yml names a policy RecurrentPPO lacks in "default")
+PACKAGED_BY_DEFAULT = ("ppo_lstm",)
+#: the packaged zoo configurations, one ``<algo>.yml`` per algorithm
+CONFIG_DIR = Path(__file__).parent.parent / "zoo_configs"
+
+
+def register() -> None:
+    """Add ``kl_ppo`` and ``safe_a2c`` to rl_zoo3's algorithms, samplers and trial converters (idempotent)."""
+    # rl_zoo3's train, enjoy and ExperimentManager all read these very dicts when they run
+    ALGOS.update(ZOO_ALGOS)
+    HYPERPARAMS_SAMPLER.update(kl_ppo=sample_kl_ppo_params, safe_a2c=sample_safe_a2c_params)
+    HYPERPARAMS_CONVERTER.update(dict.fromkeys(ZOO_ALGOS, convert_safe_params))
+
+
+def config_path(algo: str) -> Path:
+    """
+    The packaged zoo configuration of an algorithm.
+
+    :param algo: ``kl_ppo``, ``safe_a2c``, ``ppo`` or ``a2c``
+    :return: the path of ``zoo_configs/<algo>.yml`` inside the installed package
+    """
+    path = CONFIG_DIR / f"{algo}.yml"
+    if not path.is_file():
+        available = ", ".join(sorted(p.stem for p in CONFIG_DIR.glob("*.yml")))
+        raise ZooUsageError(f"no packaged configuration for {algo!r}; available: {available}")
+    return path
+
+
+def _sample_policy_bounds(trial: optuna.Trial, n_actions: int) -> dict[str, float]:
+    # rl_zoo3 passes n_actions > 0 only for Box action spaces: tune the log-std range there, the logit bound else
+    if n_actions > 0:
+        return {
+            "log_std_min": trial.suggest_float("log_std_min", -20.0, -2.0),
+            "log_std_max": trial.suggest_float("log_std_max", 0.0, 2.0),
+        }
+    return {"logit_bound": trial.suggest_float("logit_bound", 2.0, 20.0, log=True)}
+
+
+def _move_policy_bounds(hyperparams: dict[str, Any]) -> dict[str, Any]:
+    # The safe policies take the bounds as policy keywords
+    hyperparams = dict(hyperparams)
+    policy_kwargs = dict(hyperparams.get("policy_kwargs", {}))
+    if "log_std_min" in hyperparams:
+        policy_kwargs["log_std_range"] = (hyperparams.pop("log_std_min"), hyperparams.pop("log_std_max"))
+    if "logit_bound" in hyperparams:
+        policy_kwargs["logit_bound"] = hyperparams.pop("logit_bound")
+    return {**hyperparams, "policy_kwargs": policy_kwargs}
+
+
+def sample_kl_ppo_params(trial: optuna.Trial, n_actions: int, n_envs: int, additional_args: dict) -> dict[str, Any]:
+    """
+    Sampler for KLAdaptivePPO: rl_zoo3's PPO sampler, plus the KL target d_targ and the initial penalty
+    coefficient, plus the policy's ``log_std_range`` (Box actions) or ``logit_bound`` (discrete actions).
+
+    :param trial: the optuna trial
+    :param n_actions: the action dimension for Box action spaces, else 0
+    :param n_envs: the number of environments
+    :param additional_args: rl_zoo3's extra sampler arguments
+    :return: the algorithm's keyword arguments
+    """
+    hyperparams = sample_ppo_params(trial, n_actions, n_envs, additional_args)
+    # The PPO paper (sec. 4) tries d_targ in {0.003, 0.01, 0.03}
+    hyperparams["adaptive_kl_target"] = trial.suggest_float("adaptive_kl_target", 0.003, 0.03, log=True)
+    hyperparams["initial_kl_beta"] = trial.suggest_float("initial_kl_beta", 0.1, 10.0, log=True)
+    return _move_policy_bounds({**hyperparams, **_sample_policy_bounds(trial, n_actions)})
+
+
+def sample_safe_a2c_params(trial: optuna.Trial, n_actions: int, n_envs: int, additional_args: dict) -> dict[str, Any]:
+    """
+    Sampler for SafeA2C: rl_zoo3's A2C sampler plus the policy's ``log_std_range`` (Box actions) or
+    ``logit_bound`` (discrete actions).
+
+    :param trial: the optuna trial
+    :param n_actions: the action dimension for Box action spaces, else 0
+    :param n_envs: the number of environments
+    :param additional_args: rl_zoo3's extra sampler arguments
+    :return: the algorithm's keyword arguments
+    """
+    hyperparams = sample_a2c_params(trial, n_actions, n_envs, additional_args)
+    return _move_policy_bounds({**hyperparams, **_sample_policy_bounds(trial, n_actions)})
+
+
+def convert_safe_params(sampled_params: dict[str, Any]) -> dict[str, Any]:
+    """
+    The keyword arguments of a finished trial of ``kl_ppo`` or ``safe_a2c``, from its raw ``trial.params``
+    (what rl_zoo3 uses for ``--storage ... --study-name ... --trial-id N``).
+
+    :param sampled_params: ``trial.params``
+    :return: the algorithm's keyword arguments, as the sampler returned them
+    """
+    return _move_policy_bounds(convert_onpolicy_params(sampled_params))
