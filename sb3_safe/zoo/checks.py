@@ -1,27 +1,34 @@
 """
 Checks of what ``sb3-safe train`` / ``enjoy`` are given, before rl_zoo3 runs: the algorithm, the environment, the
-configuration file and its entry for the environment, the model ``-i`` continues, the saved run ``enjoy`` plays.
-Each raises :class:`~sb3_safe.zoo.ZooUsageError` in one line.
+configuration file and its entry for the environment, the model ``-i`` continues; and, when rl_zoo3's ``enjoy``
+looks for it, the saved model it plays. Each fails in one line (:class:`~sb3_safe.zoo.ZooUsageError`).
 """
 
-import argparse
 import contextlib
 import difflib
 import io
+import os
 from pathlib import Path
 
 import gymnasium as gym
 import yaml
 from huggingface_sb3 import EnvironmentName
+from huggingface_sb3.load_from_hub import strtobool
 from rl_zoo3 import ALGOS
 from rl_zoo3.exp_manager import ExperimentManager
 from rl_zoo3.utils import get_model_path
 
 from sb3_safe.zoo.errors import ZooUsageError, did_you_mean, file_hint, one_line
+from sb3_safe.zoo.registration import ZOO_ALGOS
 
 #: Entries of a zoo configuration that are not environment ids: rl_zoo3 uses "atari" for the Atari ids without an
 #: entry, "default" for the other ids without one
 SPECIAL_ENTRIES = ("atari", "default")
+#: ``train``'s default log folder
+LOG_FOLDER = "logs"
+#: ``enjoy``'s default folder: rl_zoo3 downloads a model missing from a folder of this name from the Hugging Face hub
+TRAINED_AGENTS = "rl-trained-agents"
+
 # difflib ratio from which a configuration key that is no registered id counts as a typo of the requested id:
 # one- and two-letter typos of ids score 0.88 and more, keys of other environments mostly less
 _TYPO_CUTOFF = 0.85
@@ -115,39 +122,76 @@ def check_trained_agent(path: str) -> None:
         raise ZooUsageError(f"-i {path}: not a .zip; pass the model's .zip")
 
 
-def check_saved_run(options: argparse.Namespace) -> None:
+class MissingSavedModel(Exception):
     """
-    Check that ``enjoy`` finds the saved model its options name, as rl_zoo3 looks for it.
+    No saved model where ``enjoy`` looks; the message is one line. Not a ``ValueError``: rl_zoo3's ``enjoy`` would
+    take it for a model to download from the hub. :func:`~sb3_safe.zoo.command.rl_zoo3_command` raises it as
+    :class:`~sb3_safe.zoo.ZooUsageError`.
+    """
 
-    :param options: the options of ``enjoy`` (``env``, ``algo``, ``folder``, ``exp_id``, ``load_best``,
-        ``load_checkpoint``, ``load_last_checkpoint``)
-    :raises ZooUsageError: naming where it looked and the runs the folder holds
-    """
-    env_name = EnvironmentName(options.env)
+
+def _hub_download_allowed(algo: str) -> bool:
+    # What rl_zoo3 does with a model missing from rl-trained-agents: the hub has sb3's stock models only, and
+    # huggingface_sb3 refuses to download (they load with pickle) unless the user trusts them
     try:
-        # It prints the run it picks; rl_zoo3's enjoy prints that again
-        with contextlib.redirect_stdout(io.StringIO()):
-            get_model_path(
-                options.exp_id,
-                options.folder,
-                options.algo,
-                env_name,
-                options.load_best,
-                options.load_checkpoint,
-                options.load_last_checkpoint,
-            )
+        return algo not in ZOO_ALGOS and bool(strtobool(os.environ.get("TRUST_REMOTE_CODE", "False")))
+    except ValueError:  # not a truth value: huggingface_sb3 would fail on it too
+        return False
+
+
+def find_saved_model(
+    exp_id: int,
+    folder: str,
+    algo: str,
+    env_name: EnvironmentName,
+    load_best: bool = False,
+    load_checkpoint: str | None = None,
+    load_last_checkpoint: bool = False,
+) -> tuple[str, str, str]:
+    """
+    rl_zoo3's ``get_model_path``, which its ``enjoy`` calls (after parsing its options) to find the saved model,
+    with a missing model reported in one line. In its default folder, ``rl-trained-agents``, rl_zoo3 downloads a
+    missing stock model from the Hugging Face hub: that is left to it only where the download can work
+    (``TRUST_REMOTE_CODE`` set, as huggingface_sb3 requires).
+
+    :param exp_id: the run number (0: the latest)
+    :param folder: the folder holding the runs, ``<folder>/<algo>/<env>_<n>``
+    :param algo: the zoo algorithm name
+    :param env_name: the environment
+    :param load_best: the run's best model instead of its last
+    :param load_checkpoint: the checkpoint of this many timesteps instead of the last model
+    :param load_last_checkpoint: the run's last checkpoint instead of its last model
+    :return: rl_zoo3's name prefix, model path and run folder
+    :raises MissingSavedModel: naming where it looked, the runs the folder holds, and for the default folder that
+        ``train`` saves in ``logs``
+    """
+    output = io.StringIO()
+    try:
+        # It prints the run it picks: shown only when there is one, so that a missing model is one line
+        with contextlib.redirect_stdout(output):
+            found = get_model_path(exp_id, folder, algo, env_name, load_best, load_checkpoint, load_last_checkpoint)
     except (AssertionError, ValueError) as error:
-        # rl_zoo3 saves runs as <folder>/<algo>/<env>_<n>
-        runs = {
-            f"{run.parent.name}/{run.name.rpartition('_')[0]}"
-            for run in Path(options.folder).glob("*/*_[0-9]*")
-            if run.is_dir()
-        }
-        wanted = f"{options.algo}/{env_name}"
-        if wanted in runs:
-            hint = ""  # rl_zoo3's message names the run or the file that is missing
-        elif runs:
-            hint = did_you_mean(wanted, runs) or f"; runs there: {', '.join(sorted(runs))}"
-        else:
-            hint = f"; no runs in {options.folder}"
-        raise ZooUsageError(f"{one_line(str(error))}{hint}") from error
+        if TRAINED_AGENTS in folder and _hub_download_allowed(algo):
+            print(output.getvalue(), end="")
+            raise  # rl_zoo3 downloads it
+        raise MissingSavedModel(f"{one_line(str(error))}{_runs_hint(folder, algo, env_name)}") from error
+    print(output.getvalue(), end="")
+    return found
+
+
+def _runs_hint(folder: str, algo: str, env_name: EnvironmentName) -> str:
+    # rl_zoo3 saves runs as <folder>/<algo>/<env>_<n>
+    runs = {f"{run.parent.name}/{run.name.rpartition('_')[0]}" for run in Path(folder).glob("*/*_[0-9]*") if run.is_dir()}
+    wanted = f"{algo}/{env_name}"
+    if wanted in runs:
+        hint = ""  # rl_zoo3's message names the run or the file that is missing
+    elif runs:
+        hint = did_you_mean(wanted, runs) or f"; runs there: {', '.join(sorted(runs))}"
+    else:
+        hint = f"; no runs in {folder}"
+    if Path(folder) == Path(TRAINED_AGENTS):
+        # Without -f, enjoy and train disagree: the user's own runs are elsewhere
+        hint += f"; enjoy looks there without -f, and train saves in {LOG_FOLDER}: pass -f {LOG_FOLDER}"
+        if algo not in ZOO_ALGOS:
+            hint += " (or set TRUST_REMOTE_CODE=True to download sb3's pretrained model from the Hugging Face hub)"
+    return hint

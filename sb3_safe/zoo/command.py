@@ -13,13 +13,14 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
+import rl_zoo3.enjoy
 import rl_zoo3.train
 from rl_zoo3.exp_manager import ExperimentManager
 from rl_zoo3.utils import StoreDict
 from stable_baselines3.common.base_class import BaseAlgorithm
 from stable_baselines3.common.callbacks import BaseCallback
 
-from sb3_safe.zoo.checks import check_algo, check_env
+from sb3_safe.zoo.checks import LOG_FOLDER, MissingSavedModel, check_algo, check_env, find_saved_model
 from sb3_safe.zoo.config_errors import SETUP_ERRORS, check_hyperparam_types, explain_config_error
 from sb3_safe.zoo.errors import ZooUsageError, one_line
 from sb3_safe.zoo.registration import register
@@ -62,7 +63,7 @@ def _zoo_options(command: str, zoo_args: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--gym-packages", nargs="+", default=[])
     parser.add_argument("--env-kwargs", nargs="+", action=_KeyValues)
     if command == "train":
-        parser.add_argument("-f", "--log-folder", dest="folder", default="logs")
+        parser.add_argument("-f", "--log-folder", dest="folder", default=LOG_FOLDER)
         parser.add_argument("-conf", "--conf-file")
         parser.add_argument("-params", "--hyperparams", nargs="+", action=_KeyValues)
         parser.add_argument("--eval-env-kwargs", nargs="+", action=_KeyValues)
@@ -71,12 +72,6 @@ def _zoo_options(command: str, zoo_args: Sequence[str]) -> argparse.Namespace:
         parser.add_argument("--storage")
         parser.add_argument("--study-name")
         parser.add_argument("--trial-id", type=int)
-    else:
-        parser.add_argument("-f", "--folder", default="rl-trained-agents")
-        parser.add_argument("--exp-id", type=int, default=0)
-        parser.add_argument("--load-best", action="store_true")
-        parser.add_argument("--load-checkpoint", type=int)
-        parser.add_argument("--load-last-checkpoint", action="store_true")
     return parser.parse_known_args(list(zoo_args))[0]
 
 
@@ -157,14 +152,19 @@ def rl_zoo3_command(prog: str, args: Sequence[str]) -> Iterator[None]:
     :param args: its command-line arguments
     """
     saved_argv, saved_error, saved_manager = sys.argv, argparse.ArgumentParser.error, rl_zoo3.train.ExperimentManager
+    saved_model_path = rl_zoo3.enjoy.get_model_path
     # They parse sys.argv, with parsers whose errors would print the usage too: one line instead
     sys.argv = [prog, *args]
     argparse.ArgumentParser.error = _raise_usage_error  # type: ignore[method-assign, assignment]
-    # train() looks the class up in its module when it runs
+    # train() and enjoy() look these up in their modules when they run
     rl_zoo3.train.ExperimentManager = _CheckedExperimentManager  # type: ignore[misc]
+    rl_zoo3.enjoy.get_model_path = find_saved_model
     try:
         yield
+    except MissingSavedModel as error:
+        raise ZooUsageError(str(error)) from error.__cause__
     finally:
         sys.argv = saved_argv
         argparse.ArgumentParser.error = saved_error  # type: ignore[method-assign]
         rl_zoo3.train.ExperimentManager = saved_manager  # type: ignore[misc]
+        rl_zoo3.enjoy.get_model_path = saved_model_path

@@ -10,7 +10,7 @@ import rl_zoo3.train
 from huggingface_sb3 import EnvironmentName
 from rl_zoo3.enjoy import enjoy as zoo_enjoy
 
-from sb3_safe.zoo.checks import check_config_file, check_saved_run, check_trained_agent
+from sb3_safe.zoo.checks import check_config_file, check_trained_agent
 from sb3_safe.zoo.command import checked_options, rl_zoo3_command
 from sb3_safe.zoo.config_errors import explained_config_errors
 from sb3_safe.zoo.registration import PACKAGED_BY_DEFAULT, ZOO_ALGOS, config_path
@@ -72,9 +72,6 @@ def enjoy(zoo_args: Sequence[str]) -> None:
     :param zoo_args: ``rl_zoo3.enjoy``'s command-line arguments
     :raises ZooUsageError: bad options, or no saved model where they point, in one line
     """
-    options = checked_options("enjoy", zoo_args)
-    # rl_zoo3 downloads the models missing from its default folder from the Hugging Face hub
-    if "rl-trained-agents" not in options.folder:
-        check_saved_run(options)
+    checked_options("enjoy", zoo_args)
     with rl_zoo3_command("sb3-safe enjoy", zoo_args):
         zoo_enjoy()
