@@ -16,7 +16,13 @@ from faults import NaNAfterOptimizerStep
 from gymnasium import spaces
 from stable_baselines3 import A2C, DQN, PPO, SAC
 from stable_baselines3.common.base_class import BaseAlgorithm
-from stable_baselines3.common.callbacks import BaseCallback
+from stable_baselines3.common.callbacks import (
+    BaseCallback,
+    CallbackList,
+    ConvertCallback,
+    EvalCallback,
+    StopTrainingOnRewardThreshold,
+)
 from stable_baselines3.common.utils import obs_as_tensor
 from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
 
@@ -29,6 +35,7 @@ from sb3_safe import (
     SafeMlpPolicy,
 )
 from sb3_safe.common.exploration import ExplorationWarning
+from sb3_safe.common.guard.cadence import other_callbacks_may_write
 from sb3_safe.common.kl import distribution_params
 
 
@@ -334,3 +341,39 @@ def test_a_failed_save_does_not_hide_the_fault(tmp_path: Any) -> None:
     assert "policy.action_net.weight: 1 NaN" in event.message
     assert f"restored in memory; saving it to {tmp_path / 'later' / 'healthy.zip'} failed" in event.message
     assert model_is_finite(model)
+
+
+# ----- when the live model is re-read -----
+
+
+def test_only_other_callbacks_make_the_guard_reread_the_model() -> None:
+    """Inside learn() only callbacks change a weight outside an optimizer step; SB3's own never do."""
+    guard = NonFiniteGuardCallback()
+    eval_env = DummyVecEnv([lambda: BlowUpEnv()])
+    read_only = [
+        guard,
+        CallbackList([guard, ConvertCallback(None), NumericsMonitorCallback()]),
+        CallbackList([guard, EvalCallback(eval_env, callback_on_new_best=StopTrainingOnRewardThreshold(1.0))]),
+    ]
+    assert not any(other_callbacks_may_write(root, guard) for root in read_only)
+    writing = [
+        None,  # unknown
+        CallbackList([guard, NaNInWeight("mlp_extractor")]),
+        ConvertCallback(lambda locals_, globals_: True),
+        CallbackList([guard, EvalCallback(eval_env, callback_after_eval=NaNInWeight("mlp_extractor"))]),
+    ]
+    assert all(other_callbacks_may_write(root, guard) for root in writing)
+
+
+def test_a_function_callback_writing_a_weight_is_caught_before_train() -> None:
+    def nan_in_value_net(locals_: dict, globals_: dict) -> bool:
+        if locals_["self"].num_timesteps == 100:
+            with th.no_grad():
+                locals_["self"].policy.value_net.weight[0, 0] = math.nan
+        return True
+
+    model = A2C("MlpPolicy", "CartPole-v1", n_steps=10, policy_kwargs=dict(net_arch=[16]), seed=0)
+    guard = NonFiniteGuardCallback()
+    with pytest.raises(NonFiniteError, match=r"at the end of a rollout, before train\(\): changed outside an optimizer"):
+        model.learn(400, callback=CallbackList([ConvertCallback(nan_in_value_net), guard]))
+    assert "policy.value_net.weight: 1 NaN" in guard.events[0].message and guard.events[0].timestep == 100

@@ -14,7 +14,7 @@ from torch.utils.hooks import RemovableHandle
 
 from sb3_safe.common.exploration import DEFAULT_PATIENCE, ExplorationWatch, shared_watch
 from sb3_safe.common.guard import report
-from sb3_safe.common.guard.cadence import FullCheckCadence
+from sb3_safe.common.guard.cadence import READ_ONLY_CALLBACKS, FullCheckCadence, other_callbacks_may_write
 from sb3_safe.common.guard.locate import ENVIRONMENT, MODEL, NORMALIZATION, ROLLOUT, Fault, FaultLocator
 from sb3_safe.common.guard.report import REPORT_FILENAME, GuardEvent, NonFiniteGuardWarning
 from sb3_safe.common.guard.response import (
@@ -139,6 +139,7 @@ class NonFiniteGuardCallback(BaseCallback):
         self._locator: FaultLocator
         self._response: Response | None = None
         self._cadence = FullCheckCadence(snapshot_every)
+        self._others_may_write = True
         self._hooks: list[RemovableHandle] = []
         self._events_at_start = 0
 
@@ -166,6 +167,7 @@ class NonFiniteGuardCallback(BaseCallback):
             self.model, watched, self._snapshots, self.on_nonfinite, self.lr_decay, self.max_rollbacks, self.save_path
         )
         self._events_at_start = len(self.events)
+        self._others_may_write = other_callbacks_may_write(self.locals.get("callback"), self)
         self.exploration = shared_watch(self.model, self.exploration)
         first_obs = self.model._last_obs
         if first_obs is None or watched.observation_is_finite(first_obs):
@@ -269,8 +271,11 @@ class NonFiniteGuardCallback(BaseCallback):
             self._cadence.passed(self.model)
 
     def _check_live_model(self, phase: str) -> None:
-        """The cheap check of what forward passes read, between full checks: catches changes made outside a step."""
-        if not self._watched.model_is_finite():
+        """
+        The cheap check of what forward passes read, between full checks: catches what another callback changed
+        outside an optimizer step (nothing else in ``learn()`` can; without other callbacks there is nothing to catch).
+        """
+        if self._others_may_write and not self._watched.model_is_finite():
             self._handle(self._locator.in_live_model(f"{phase}: changed outside an optimizer step"))
 
     # ----- reacting -----
@@ -353,3 +358,7 @@ class NumericsMonitorCallback(BaseCallback):
         at_bound = self.exploration.after_update(self.model)
         if at_bound is not None:
             record("train/log_std_at_bound_fraction", at_bound)
+
+
+# Neither writes into the model: another guard or a monitor in the same learn() needs no re-reads of the model
+READ_ONLY_CALLBACKS.update({NonFiniteGuardCallback, NumericsMonitorCallback})

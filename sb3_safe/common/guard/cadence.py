@@ -1,5 +1,6 @@
 """
-When the guard runs its full check of the model state, whose passing copy becomes the snapshot.
+When the guard runs its full check of the model state, whose passing copy becomes the snapshot, and whether it
+re-reads the live model at rollout boundaries.
 
 The full check copies every stored tensor (networks, target networks, optimizer state), so it runs at update
 boundaries, never inside ``train()``: at the start of ``learn()``, at the start of a rollout that follows an update,
@@ -13,14 +14,75 @@ that take a single gradient step per update (A2C, SafeA2C: one per rollout of a 
 environment steps (the off-policy algorithms) would pay a large share of each update for it: they are checked at
 most every ``snapshot_every`` environment steps (default :data:`FEW_STEP_SNAPSHOT_EVERY`). That is also the rollback
 granularity: a rollback restores a state at most that many steps old, always one that passed the full check.
+
+Between full checks, what forward passes read (every parameter and buffer) is re-read in place at each rollout
+start and end when other callbacks run in the same ``learn()`` (:func:`other_callbacks_may_write`): they are the code
+that can change a weight outside an optimizer step, and these are the boundaries before the next forward pass of a
+rollout and of ``train()``. This check is cheap (no copy); only the snapshot copy has a cadence.
 """
 
 from stable_baselines3 import A2C
 from stable_baselines3.common.base_class import BaseAlgorithm
+from stable_baselines3.common.callbacks import (
+    BaseCallback,
+    CallbackList,
+    CheckpointCallback,
+    ConvertCallback,
+    EvalCallback,
+    EveryNTimesteps,
+    LogEveryNTimesteps,
+    ProgressBarCallback,
+    StopTrainingOnMaxEpisodes,
+    StopTrainingOnNoModelImprovement,
+    StopTrainingOnRewardThreshold,
+)
 from stable_baselines3.common.off_policy_algorithm import OffPolicyAlgorithm
 
 #: Environment steps between two full checks (and snapshots) of A2C and the off-policy algorithms, by default
 FEW_STEP_SNAPSHOT_EVERY = 1000
+#: Callbacks that never write into the model (exact classes: a subclass may); sb3-safe adds its own. Containers
+#: (CallbackList, EvalCallback, EveryNTimesteps) are looked into
+READ_ONLY_CALLBACKS: set[type[BaseCallback]] = {
+    CheckpointCallback,
+    EvalCallback,
+    EveryNTimesteps,
+    LogEveryNTimesteps,
+    ProgressBarCallback,
+    StopTrainingOnMaxEpisodes,
+    StopTrainingOnNoModelImprovement,
+    StopTrainingOnRewardThreshold,
+}
+
+
+def other_callbacks_may_write(root: BaseCallback | None, guard: BaseCallback) -> bool:
+    """
+    Whether code that may change the model outside an optimizer step runs in this ``learn()``: a callback other than
+    ``guard`` and those of :data:`READ_ONLY_CALLBACKS`, or a function callback. Inside ``learn()`` nothing else
+    does: the algorithm changes its networks by optimizer steps (checked one by one), and by target-network updates
+    made of checked values.
+
+    :param root: the callback ``learn()`` runs (its ``callback`` local), None if unknown
+    :param guard: the guard asking
+    """
+    if root is None:
+        return True
+    pending = [root]
+    while pending:
+        callback = pending.pop()
+        kind = type(callback)
+        if callback is guard:
+            continue
+        if kind is CallbackList:
+            pending += callback.callbacks  # type: ignore[attr-defined]
+        elif kind is ConvertCallback:
+            if callback.callback is not None:  # type: ignore[attr-defined]
+                return True
+        elif kind in READ_ONLY_CALLBACKS:
+            children = (getattr(callback, "callback", None), getattr(callback, "callback_on_new_best", None))
+            pending += [child for child in children if isinstance(child, BaseCallback)]
+        else:
+            return True
+    return False
 
 
 class FullCheckCadence:

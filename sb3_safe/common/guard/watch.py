@@ -248,4 +248,5 @@ class WatchedModel:
 
     def rollout_buffer_is_finite(self, buffer: Any) -> bool:
         """:param buffer: an on-policy rollout buffer; whether its arrays of :data:`ROLLOUT_BUFFER_ARRAYS` are finite"""
-        return self._all_finite(*(array for _, array in self.rollout_buffer_arrays(buffer)))
+        arrays = [getattr(buffer, name, None) for name in ROLLOUT_BUFFER_ARRAYS]
+        return self._all_finite(*(array for array in arrays if isinstance(array, np.ndarray)))
