@@ -7,35 +7,97 @@ are rl_zoo3's, handed on as ``zoo_args``.
 """
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
-from sb3_safe.doctor import STOCK_LOG_STD_RANGE, WEIGHT_LIMIT, run_doctor
+from sb3_safe.doctor import (
+    DEFAULT_MAX_ENTRY_BYTES,
+    DEFAULT_MAX_TOTAL_BYTES,
+    STOCK_LOG_STD_RANGE,
+    WEIGHT_LIMIT,
+    SizeLimits,
+    run_doctor,
+)
 
 #: exit status for bad input to ``train`` / ``enjoy`` (argparse's for usage errors)
 EXIT_USAGE = 2
+_MIB = 2**20
 
 
 def _doctor(args: argparse.Namespace) -> int:
-    return run_doctor(args.path, top=args.top, as_json=args.json)
+    limits = SizeLimits(entry=int(args.max_entry_mb * _MIB), total=int(args.max_total_mb * _MIB))
+    status = run_doctor(
+        args.path, top=args.top, as_json=args.json, limits=limits, trusted_modules=tuple(args.trust), dis=args.dis
+    )
+    try:
+        sys.stdout.flush()  # here, not at exit, so that a closed pipe is handled
+    except BrokenPipeError:
+        # The reader stopped reading (doctor ... | head -1). As the Python docs advise: the rest of the output goes
+        # to devnull, so that the interpreter's flush at exit cannot fail; the status still says what was found
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return status
+
+
+def _positive_megabytes(value: str) -> float:
+    try:
+        megabytes = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of MiB, got {value!r}") from None
+    if not 0 < megabytes < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number of MiB, got {value!r}")
+    return megabytes
 
 
 def _add_doctor(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
     parser = subparsers.add_parser(
         "doctor",
-        help="check a saved SB3 model for NaN / inf and runaway magnitudes, without its environment",
+        help="check a saved SB3 model for code it would run, NaN / inf and runaway magnitudes, without loading it",
         description=(
-            "Load any SB3 model zip without an environment and report non-finite tensors by name, "
-            "the log-std range and the largest weights. Unhealthy besides NaN / inf: a log-std outside the "
+            "Read any SB3 model zip as untrusted input, without loading it and without an environment. "
+            "Nothing of the file runs: its pickles are read opcode by opcode, and every global they would import "
+            "or call is compared with what SB3 / sb3-contrib / sb3-safe model files hold; the tensors are loaded "
+            "with torch.load(weights_only=True). Reports code the file would run, non-finite tensors by name, the "
+            "log-std range and the largest weights. Unhealthy besides: a log-std outside the "
             "policy's log_std_range (sb3-safe's policies) or outside "
             f"[{STOCK_LOG_STD_RANGE[0]:g}, {STOCK_LOG_STD_RANGE[1]:g}] (other policies), a policy weight with "
             f"|value| > {WEIGHT_LIMIT:g} (the reasons: sb3_safe.doctor). "
-            "Exit status: 0 healthy, 1 unhealthy, 2 not a readable SB3 model (or a directory)."
+            "It does not make SB3's load safe: load still unpickles the file. "
+            "Exit status: 0 healthy; 1 unhealthy (code beyond what SB3 model files need, NaN / inf, values beyond "
+            "the limits); 2 not a readable SB3 model (not a zip, damaged, an entry missing or of the wrong shape, "
+            "beyond the size limits, a directory), with one line on stderr."
         ),
     )
     parser.add_argument("path", help="the model .zip")
     parser.add_argument("--top", type=int, default=5, help="how many of the largest weights to list (default: 5)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument(
+        "--max-entry-mb",
+        type=_positive_megabytes,
+        default=DEFAULT_MAX_ENTRY_BYTES / _MIB,
+        help="refuse an entry larger than this uncompressed, in MiB, before reading it "
+        f"(default: {DEFAULT_MAX_ENTRY_BYTES // _MIB}, 40 times an Atari CNN policy's optimizer state)",
+    )
+    parser.add_argument(
+        "--max-total-mb",
+        type=_positive_megabytes,
+        default=DEFAULT_MAX_TOTAL_BYTES / _MIB,
+        help=f"refuse entries larger than this together, in MiB (default: {DEFAULT_MAX_TOTAL_BYTES // _MIB})",
+    )
+    parser.add_argument(
+        "--trust",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="a module (or package) of your own whose classes the model may name, e.g. a features extractor "
+        "(repeatable; never imported by doctor)",
+    )
+    parser.add_argument(
+        "--dis",
+        metavar="ENTRY",
+        help="print the opcodes of one pickle instead of the report (pickletools, nothing loaded): "
+        "'data[\"KEY\"]' for an item of data, or a .pth entry such as policy.pth",
+    )
     parser.set_defaults(handler=_doctor)
 
 

@@ -165,7 +165,10 @@ def _write_zip(path: Path, members: dict[str, bytes]) -> Path:
         (lambda d: d / "missing.zip", "no such file"),
         (lambda d: (d / "notes.txt").write_text("not a model") and d / "notes.txt", "not a zip archive"),
         (lambda d: _write_zip(d / "other.zip", {"readme.txt": b"hello"}), "without policy.pth"),
-        (lambda d: _write_zip(d / "damaged.zip", {"policy.pth": b"\x00garbage"}), "cannot load its tensors"),
+        (
+            lambda d: _write_zip(d / "damaged.zip", {"data": b"{}", "policy.pth": b"\x00garbage"}),
+            "policy.pth: not a torch file",
+        ),
     ],
 )
 def test_unreadable_files_exit_2_with_one_line(make, reason: str, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

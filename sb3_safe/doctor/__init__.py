@@ -1,0 +1,57 @@
+"""
+``sb3-safe doctor``: check a saved SB3 model, a file that may come from anyone, without loading it and without its
+environment.
+
+What it guarantees for an untrusted file:
+
+- **Nothing of the file runs.** No pickle is unpickled: the pickles SB3's ``load`` would unpickle (the
+  ``:serialized:`` items of ``data``, the ``.pth`` entries, the tensors pickled inside them) are read opcode by
+  opcode (:mod:`~sb3_safe.doctor.scan`); the tensors are then loaded with ``torch.load(weights_only=True)``, only
+  from entries whose pickles name nothing beyond tensors and containers, and the metadata is read as JSON.
+- **Every global a pickle would import or call is named**, and compared with what SB3 / sb3-contrib / sb3-safe
+  model files hold (:mod:`~sb3_safe.doctor.allowlist`). Any other ("loading this file would run code from
+  ``posix.system``") makes the file unhealthy (exit 1); so does a global that cannot be resolved without running
+  the pickle.
+- **Bounded reading.** The sizes the zip's central directory declares are checked before anything is read
+  (:mod:`~sb3_safe.doctor.archive`): a file that inflates beyond the limits is refused (exit 2) unexpanded.
+- **One line, never a traceback**, for a file that is not a readable model (exit 2), naming the entry and what
+  was expected.
+
+What it does not: it does not make ``load`` safe. It reports what loading would run; SB3's ``load`` still
+unpickles ``data`` with a full unpickler, and calls the classes the file names (the policy class, the activation,
+the optimizer) with the file's arguments. Doctor accepts any class defined in SB3, sb3-contrib and sb3-safe as a
+name, and checks that loading calls only the constructors model files need; it does not sandbox ``load``.
+
+A model is unhealthy (exit 1) if a pickle would run code beyond an SB3 file's needs, if a tensor holds NaN or inf,
+if the policy's log-std leaves its range (the policy's own ``log_std_range`` for sb3-safe's policies,
+:data:`STOCK_LOG_STD_RANGE` for other policies), or if a policy weight exceeds :data:`WEIGHT_LIMIT` in magnitude.
+"""
+
+from sb3_safe.common.exploration import STOCK_LOG_STD_RANGE
+from sb3_safe.doctor.archive import (
+    DEFAULT_MAX_ENTRY_BYTES,
+    DEFAULT_MAX_TOTAL_BYTES,
+    SizeLimits,
+    UnreadableModelError,
+)
+from sb3_safe.doctor.diagnose import EXIT_HEALTHY, EXIT_UNHEALTHY, EXIT_UNREADABLE, diagnose, disassemble, run_doctor
+from sb3_safe.doctor.report import WEIGHT_LIMIT, BeyondLimit, DoctorReport
+from sb3_safe.doctor.scan import Finding
+
+__all__ = [
+    "DEFAULT_MAX_ENTRY_BYTES",
+    "DEFAULT_MAX_TOTAL_BYTES",
+    "EXIT_HEALTHY",
+    "EXIT_UNHEALTHY",
+    "EXIT_UNREADABLE",
+    "STOCK_LOG_STD_RANGE",
+    "WEIGHT_LIMIT",
+    "BeyondLimit",
+    "DoctorReport",
+    "Finding",
+    "SizeLimits",
+    "UnreadableModelError",
+    "diagnose",
+    "disassemble",
+    "run_doctor",
+]

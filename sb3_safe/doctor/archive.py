@@ -1,0 +1,181 @@
+"""
+Reading the zip archives of a model file (the model's zip, and the torch zips inside it) as untrusted input: the
+sizes the archive declares are checked before anything is read, so a small file that inflates to gigabytes, or
+a central directory of millions of entries, is refused without being expanded.
+
+zipfile never returns more bytes than an entry's declared size (and then fails its CRC check if the data is
+longer), so memory stays within the declared sizes, which are within :class:`SizeLimits`.
+"""
+
+import io
+import struct
+import zipfile
+import zlib
+from dataclasses import dataclass
+from typing import IO
+
+MIB = 2**20
+#: Default limit on one entry's uncompressed size. A large real SB3 model is far below it: an Atari CnnPolicy
+#: (NatureCNN, 84x84x4 frames) stores 1.7M parameters, 6.7 MiB in policy.pth and 13 MiB of Adam moments in
+#: policy.optimizer.pth; NatureCNN on full 210x160 frames, 46 MiB and 92 MiB. 512 MiB holds a 64M-parameter
+#: optimizer state (a 134M-parameter policy.pth), 40 times the Atari model.
+DEFAULT_MAX_ENTRY_BYTES = 512 * MIB
+#: Default limit on the sum of the uncompressed sizes (the model's entries, or a torch file's records): what
+#: doctor may hold in memory at once, twice the largest entry
+DEFAULT_MAX_TOTAL_BYTES = 1024 * MIB
+#: Most entries a zip may declare, and most bytes of its central directory: zipfile reads the whole directory and
+#: builds an object for each entry before anything can be checked. A model zip has 5 to 8 entries, a torch file
+#: one record per tensor plus 5 (about 100 bytes of directory each).
+MAX_ENTRIES = 100_000
+MAX_CENTRAL_DIRECTORY_BYTES = 16 * MIB
+
+#: Bytes inflated at a time
+_READ_CHUNK = MIB
+_END_OF_CENTRAL_DIRECTORY = struct.Struct("<4s4H2LH")
+_ZIP64_LOCATOR = struct.Struct("<4sLQL")
+_ZIP64_END_OF_CENTRAL_DIRECTORY = struct.Struct("<4sQ2H2L4Q")
+
+
+class UnreadableModelError(Exception):
+    """The file is not a readable SB3 model; the message says why, in one line."""
+
+
+@dataclass(frozen=True)
+class SizeLimits:
+    """
+    How much of a model file doctor reads.
+
+    :param entry: most bytes of one entry, uncompressed (also of one record of a torch file inside it)
+    :param total: most bytes of all entries together (of one archive)
+    """
+
+    entry: int = DEFAULT_MAX_ENTRY_BYTES
+    total: int = DEFAULT_MAX_TOTAL_BYTES
+
+
+def _size_text(size: int) -> str:
+    if size < MIB:
+        return f"{size / 2**10:.1f} KiB"
+    return f"{size / MIB:.1f} MiB" if size < 10 * 2**30 else f"{size / 2**30:.1f} GiB"
+
+
+def _declared_directory(file: IO[bytes]) -> tuple[int, int] | None:
+    """
+    The number of entries and the size of the central directory that the archive's end-of-central-directory record
+    declares, found as zipfile finds it (the last 22 bytes, else the last signature within a comment's reach, and
+    the zip64 record just before it); None if there is no such record.
+    """
+    file.seek(0, io.SEEK_END)
+    size = file.tell()
+    window = min(size, _END_OF_CENTRAL_DIRECTORY.size + 65535)
+    file.seek(size - window)
+    tail = file.read(window)
+    start = len(tail) - _END_OF_CENTRAL_DIRECTORY.size
+    if start < 0:
+        return None
+    if not (tail[start : start + 4] == b"PK\x05\x06" and tail[-2:] == b"\x00\x00"):
+        start = tail.rfind(b"PK\x05\x06")
+        if start < 0 or start + _END_OF_CENTRAL_DIRECTORY.size > len(tail):
+            return None
+    record = _END_OF_CENTRAL_DIRECTORY.unpack_from(tail, start)
+    entries, directory_size = record[4], record[5]
+    locator_start = start - _ZIP64_LOCATOR.size
+    if locator_start >= 0 and tail[locator_start : locator_start + 4] == b"PK\x06\x07":
+        # zip64: zipfile takes the counts of the zip64 record just before the locator; the larger of both is checked
+        record_start = size - window + locator_start - _ZIP64_END_OF_CENTRAL_DIRECTORY.size
+        if record_start >= 0:
+            file.seek(record_start)
+            zip64 = file.read(_ZIP64_END_OF_CENTRAL_DIRECTORY.size)
+            if len(zip64) == _ZIP64_END_OF_CENTRAL_DIRECTORY.size and zip64[:4] == b"PK\x06\x06":
+                fields = _ZIP64_END_OF_CENTRAL_DIRECTORY.unpack(zip64)
+                entries, directory_size = max(entries, fields[7]), max(directory_size, fields[8])
+    file.seek(0)
+    return entries, directory_size
+
+
+def open_archive(file: IO[bytes], name: str, limits: SizeLimits) -> zipfile.ZipFile:
+    """
+    Open a zip archive after checking the sizes it declares.
+
+    :param file: the archive, a seekable binary file
+    :param name: how the messages name it (the model's path, or ``policy.pth``)
+    :param limits: the size limits
+    :raises UnreadableModelError: if it is not a zip archive, or declares too many entries or an entry or a total
+        beyond the limits (naming the entry and its size, and the flag that raises the limit)
+    """
+    directory = _declared_directory(file)
+    if directory is None:
+        file.seek(0)
+        start = file.read(4)
+        file.seek(0)
+        if start == b"PK\x03\x04":
+            raise UnreadableModelError(
+                f"{name}: a truncated zip archive (it starts as one, its directory at the end is missing)"
+            )
+        raise UnreadableModelError(f"{name}: not a zip archive, so not a saved SB3 model")
+    entries, directory_size = directory
+    if entries > MAX_ENTRIES or directory_size > MAX_CENTRAL_DIRECTORY_BYTES:
+        raise UnreadableModelError(
+            f"{name}: the zip archive declares {entries} entries in a directory of {_size_text(directory_size)}, "
+            f"beyond the limits of {MAX_ENTRIES} entries and {_size_text(MAX_CENTRAL_DIRECTORY_BYTES)}"
+        )
+    try:
+        archive = zipfile.ZipFile(file)
+    except (zipfile.BadZipFile, zlib.error, ValueError, OSError, EOFError, struct.error) as error:
+        raise UnreadableModelError(f"{name}: a damaged zip archive ({_first_line(error)})") from None
+    starts = [info.header_offset for info in archive.infolist()]
+    if starts and min(starts) != 0:
+        # A model zip (and a torch file) starts with its first entry. A directory that starts later is that of a
+        # zip stored inside (a truncated model zip ends in the middle of policy.pth, itself a zip) or follows
+        # foreign data
+        raise UnreadableModelError(
+            f"{name}: a truncated or damaged zip archive (the directory found at its end describes a zip starting "
+            f"at byte {min(starts)}, not at the start of the file)"
+        )
+    total = 0
+    seen: set[str] = set()
+    for info in archive.infolist():
+        if info.filename in seen:
+            # Readers disagree on which of two entries of one name they read (zipfile the last, torch's the first)
+            raise UnreadableModelError(f"{name}: two entries named {info.filename}")
+        seen.add(info.filename)
+        total += info.file_size
+        if info.file_size > limits.entry:
+            raise UnreadableModelError(
+                f"{name}: entry {info.filename} is {_size_text(info.file_size)} uncompressed, beyond the limit of "
+                f"{_size_text(limits.entry)} per entry (--max-entry-mb raises it)"
+            )
+    if total > limits.total:
+        raise UnreadableModelError(
+            f"{name}: its entries are {_size_text(total)} uncompressed together, beyond the limit of "
+            f"{_size_text(limits.total)} (--max-total-mb raises it)"
+        )
+    return archive
+
+
+def read_entry(archive: zipfile.ZipFile, entry: str, name: str | None = None) -> bytes:
+    """
+    The bytes of one entry, at most its declared (and checked) size.
+
+    :param archive: an archive from :func:`open_archive`
+    :param entry: the entry's name
+    :param name: how the messages name the archive (None: the caller names it)
+    :raises UnreadableModelError: if the entry cannot be read (damaged, truncated, encrypted, an unknown compression)
+    """
+    try:
+        # In chunks: read() of the whole entry inflates all the compressed data in one call, whatever the size the
+        # directory declares, before cutting it to that size
+        with archive.open(entry) as stream:
+            content = io.BytesIO()
+            while chunk := stream.read(_READ_CHUNK):
+                content.write(chunk)
+        return content.getvalue()
+    except (zipfile.BadZipFile, zlib.error, ValueError, OSError, EOFError, NotImplementedError, RuntimeError) as error:
+        # RuntimeError: encrypted; NotImplementedError: a compression method zipfile does not have
+        where = "" if name is None else f"{name}: "
+        raise UnreadableModelError(f"{where}cannot read entry {entry} ({_first_line(error)})") from None
+
+
+def _first_line(error: BaseException) -> str:
+    message = str(error).strip()
+    return f"{type(error).__name__}: {message.splitlines()[0]}" if message else type(error).__name__

@@ -1,0 +1,541 @@
+"""
+``sb3-safe doctor`` on files it must not trust, built from a real saved model: pickles that run code when loaded
+(in ``data``, in ``policy.pth``, in ``pytorch_variables.pth``, hidden behind the memo, computed names, attribute
+paths, SB3's own classes), malformed entries, decompression bombs, truncated and foreign files. Nothing runs (the
+payloads' canary file is never created; the same payloads do create it when loaded), no traceback, exit 1 naming
+the global for code, exit 2 with one line for what cannot be read, bounded memory for the bombs.
+"""
+
+import contextlib
+import json
+import os
+import pickle
+import subprocess
+import sys
+import time
+import zipfile
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch as th
+from stable_baselines3 import PPO
+from zip_builders import (
+    BUILD,
+    EMPTY_DICT,
+    EXT1,
+    MEMOIZE,
+    NONE,
+    POP,
+    PROTO_2,
+    PROTO_4,
+    REDUCE,
+    SETITEM,
+    STACK_GLOBAL,
+    STOP,
+    TUPLE1,
+    TUPLE2,
+    Reduce,
+    binget,
+    binint1,
+    duplicate_entry,
+    global_opcode,
+    model_with_policy,
+    rewrite_zip,
+    serialized,
+    shell_command,
+    torch_bytes,
+    torch_zip_of_zeros,
+    touch_code,
+    unicode,
+)
+
+from sb3_safe.cli import main
+from sb3_safe.doctor import EXIT_HEALTHY, EXIT_UNHEALTHY, EXIT_UNREADABLE, diagnose
+
+SYSTEM = f"{os.system.__module__}.system"  # posix.system: the name pickle stores for os.system
+
+
+@pytest.fixture(scope="module")
+def model_zip(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    model = PPO("MlpPolicy", "Pendulum-v1", n_steps=16, batch_size=16, n_epochs=1, policy_kwargs=dict(net_arch=[8]))
+    model.learn(16)
+    path = tmp_path_factory.mktemp("hostile") / "model.zip"
+    model.save(path)
+    return path
+
+
+def _payload(kind: str, canary: Path) -> Reduce:
+    """A pickled object that creates ``canary`` when loaded."""
+    command = [sys.executable, "-c", touch_code(canary)]
+    return {
+        "os.system": lambda: Reduce(os.system, shell_command(canary)),
+        "subprocess.Popen": lambda: Reduce(subprocess.Popen, command),
+        "subprocess.check_call": lambda: Reduce(subprocess.check_call, command),
+        "builtins.eval": lambda: Reduce(eval, touch_code(canary)),
+    }[kind]()
+
+
+PAYLOAD_GLOBALS = {
+    "os.system": SYSTEM,
+    "subprocess.Popen": "subprocess.Popen",
+    "subprocess.check_call": "subprocess.check_call",
+    "builtins.eval": "builtins.eval",
+}
+#: Where a booby trap goes, and how doctor names that place
+PLACES = {
+    "data": 'data["lr_schedule"]',
+    "policy.pth": "policy.pth",
+    "pytorch_variables.pth": "pytorch_variables.pth (legacy format, pickle 4)",
+}
+
+
+def _booby_trap(model_zip: Path, target: Path, place: str, payload: Reduce) -> Path:
+    if place == "data":
+        return rewrite_zip(model_zip, target, data=lambda data: data | {"lr_schedule": serialized(pickle.dumps(payload))})
+    if place == "policy.pth":
+        # The real weights, and one more entry
+        with zipfile.ZipFile(model_zip) as archive:
+            state_dict = th.load(archive.open("policy.pth"), weights_only=True)
+        return rewrite_zip(model_zip, target, replace={"policy.pth": torch_bytes(state_dict | {"extra": payload})})
+    # torch's legacy format, which torch.load also reads
+    return rewrite_zip(model_zip, target, replace={"pytorch_variables.pth": torch_bytes({"x": payload}, legacy=True)})
+
+
+def _assert_never_created(canary: Path, wait: float = 0.0) -> None:
+    time.sleep(wait)  # Popen's child would need a moment
+    assert not canary.exists()
+
+
+def _doctor(path: Path, capsys: pytest.CaptureFixture, *args: str) -> tuple[int, str, str]:
+    status = main(["doctor", *args, str(path)])
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.out + captured.err
+    return status, captured.out, captured.err
+
+
+@pytest.mark.parametrize("place", PLACES)
+@pytest.mark.parametrize("kind", PAYLOAD_GLOBALS)
+def test_code_running_pickles_are_named_and_nothing_runs(
+    kind: str, place: str, model_zip: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    canary = tmp_path / "canary"
+    path = _booby_trap(model_zip, tmp_path / "trap.zip", place, _payload(kind, canary))
+    status, out, err = _doctor(path, capsys)
+    assert status == EXIT_UNHEALTHY and err == ""
+    assert f"  {PLACES[place]}: loading this file would run code from {PAYLOAD_GLOBALS[kind]} (the pickle calls it" in out
+    assert "UNSAFE" in out and "Healthy" not in out
+    _assert_never_created(canary, wait=0.3 if kind == "subprocess.Popen" else 0.0)
+
+
+def test_the_payloads_run_when_loaded(model_zip: Path, tmp_path: Path) -> None:
+    """The traps are live: SB3's load runs the one in data; torch.load without weights_only the ones in .pth."""
+    canary = tmp_path / "canary"
+    trap = _booby_trap(model_zip, tmp_path / "data.zip", "data", _payload("builtins.eval", canary))
+    with contextlib.suppress(Exception):  # the payload replaced the schedule: load may fail after running it
+        PPO.load(trap, device="cpu")
+    assert canary.exists()
+    for place in ("policy.pth", "pytorch_variables.pth"):
+        canary.unlink()
+        trap = _booby_trap(model_zip, tmp_path / f"{place}.zip", place, _payload("builtins.eval", canary))
+        # SB3's load reads .pth entries with weights_only=True, which refuses the global: doctor says so
+        with pytest.raises(pickle.UnpicklingError):
+            PPO.load(trap, device="cpu")
+        assert not canary.exists()
+        with zipfile.ZipFile(trap) as archive:
+            th.load(archive.open(place), weights_only=False)
+        assert canary.exists()
+
+
+def test_every_data_item_booby_trapped(model_zip: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """The issue's file: every pickled item of data calls os.system. Each is named; the policy class is not shown."""
+    canary = tmp_path / "canary"
+    trap = pickle.dumps(_payload("os.system", canary))
+    with zipfile.ZipFile(model_zip) as archive:
+        pickled = [
+            key for key, item in json.loads(archive.read("data")).items() if isinstance(item, dict) and ":serialized:" in item
+        ]
+    assert len(pickled) >= 10
+    path = rewrite_zip(model_zip, tmp_path / "trap.zip", data=lambda data: data | {key: serialized(trap) for key in pickled})
+    status, out, _ = _doctor(path, capsys)
+    assert status == EXIT_UNHEALTHY
+    assert out.count(f"loading this file would run code from {SYSTEM}") == len(pickled)
+    assert out.splitlines()[0] == f"{path} (16 timesteps)"  # no "posix.system" as the policy class
+    assert "Healthy" not in out
+    report = diagnose(path)
+    assert not report.healthy and {finding.target for finding in report.unsafe} == {SYSTEM}
+    _assert_never_created(canary)
+
+
+def _crafted(canary: Path) -> dict[str, tuple[bytes, str, bool]]:
+    """
+    Pickles no object pickles to, each as (pickle, what doctor must say, whether loading it creates the canary).
+    """
+    command = unicode(shell_command(canary))
+    logger = unicode("stable_baselines3.common.logger") + unicode("HumanOutputFormat") + STACK_GLOBAL
+    system = SYSTEM.split(".")
+    return {
+        # STACK_GLOBAL's strings come from the memo, stored long before
+        "memo": (
+            PROTO_4 + unicode(system[0]) + MEMOIZE + POP + unicode(system[1]) + MEMOIZE + POP
+            + binget(0) + binget(1) + STACK_GLOBAL + command + TUPLE1 + REDUCE + STOP,
+            f"loading this file would run code from {SYSTEM} (the pickle calls it)",
+            True,
+        ),
+        # the module name is computed while loading: cannot be resolved statically
+        "computed name": (
+            PROTO_4 + global_opcode("builtins", "str") + unicode(system[0]) + TUPLE1 + REDUCE
+            + unicode(system[1]) + STACK_GLOBAL + command + TUPLE1 + REDUCE + STOP,
+            "a STACK_GLOBAL that cannot be resolved statically",
+            True,
+        ),
+        # an attribute path through a module of SB3 (protocol 4 resolves dotted names)
+        "attribute path": (
+            PROTO_4 + unicode("stable_baselines3.common.save_util") + unicode("os.system") + STACK_GLOBAL
+            + command + TUPLE1 + REDUCE + STOP,
+            "loading this file would run code from stable_baselines3.common.save_util.os.system (the pickle calls it)",
+            True,
+        ),
+        # a class of SB3 that model files name but never build: it opens (truncates) the file it is given
+        "SB3 class called": (
+            PROTO_4 + logger + unicode(str(canary)) + TUPLE1 + REDUCE + STOP,
+            "loading this file would run code from stable_baselines3.common.logger.HumanOutputFormat (the pickle calls it)",
+            True,
+        ),
+        # an allowed numpy reconstructor handed that class, which it calls
+        "passed to a reconstructor": (
+            PROTO_4 + unicode("numpy.random._pickle") + unicode("__generator_ctor") + STACK_GLOBAL
+            + unicode(str(canary)) + logger + TUPLE2 + REDUCE + STOP,
+            "stable_baselines3.common.logger.HumanOutputFormat (the pickle passes it to "
+            "numpy.random._pickle.__generator_ctor, which calls it)",
+            True,
+        ),
+        # importing sb3-safe's __main__ runs the CLI; rl_zoo3.benchmark runs a benchmark on import
+        "__main__ module": (PROTO_2 + global_opcode("sb3_safe.__main__", "main") + STOP, "sb3_safe.__main__.main", False),
+        "script module": (PROTO_2 + global_opcode("rl_zoo3.benchmark", "args") + STOP, "rl_zoo3.benchmark.args", False),
+        "extension code": (PROTO_2 + EXT1 + b"\x07" + STOP, "extension code 7 (copyreg registry)", False),
+        # BUILD on a class sets its attributes: here FloatSchedule.__call__ (never loaded by this test)
+        "class changed": (
+            PROTO_4 + unicode("stable_baselines3.common.utils") + unicode("FloatSchedule") + STACK_GLOBAL
+            + NONE + EMPTY_DICT + unicode("__call__") + binint1(1) + SETITEM + TUPLE2 + BUILD + STOP,
+            "stable_baselines3.common.utils.FloatSchedule (the pickle changes it",
+            False,
+        ),
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "memo",
+        "computed name",
+        "attribute path",
+        "SB3 class called",
+        "passed to a reconstructor",
+        "__main__ module",
+        "script module",
+        "extension code",
+        "class changed",
+    ],
+)
+def test_crafted_pickles(case: str, model_zip: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    canary = tmp_path / "canary"
+    pickled, expected, live = _crafted(canary)[case]
+    path = rewrite_zip(model_zip, tmp_path / "trap.zip", data=lambda data: data | {"lr_schedule": serialized(pickled)})
+    modules = set(sys.modules)
+    status, out, _ = _doctor(path, capsys)
+    assert status == EXIT_UNHEALTHY and expected in out and "Healthy" not in out
+    _assert_never_created(canary)
+    # doctor imported none of the modules the file names outside what it checks
+    assert not {"sb3_safe.__main__", "rl_zoo3.benchmark"} & (set(sys.modules) - modules)
+    if live:  # the same bytes do run when unpickled
+        with contextlib.suppress(Exception):  # HumanOutputFormat is no bit generator: numpy fails after calling it
+            pickle.loads(pickled)
+        assert canary.exists()
+
+
+def test_nested_torch_bytes_are_scanned(model_zip: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """torch.storage._load_from_bytes (ARS's weights) runs torch.load(weights_only=False) on bytes of the pickle."""
+    canary = tmp_path / "canary"
+    inner = torch_bytes(_payload("builtins.eval", canary), legacy=True)
+    outer = pickle.dumps(Reduce(th.storage._load_from_bytes, inner))
+    path = rewrite_zip(model_zip, tmp_path / "trap.zip", data=lambda data: data | {"weights": serialized(outer)})
+    status, out, _ = _doctor(path, capsys)
+    assert status == EXIT_UNHEALTHY
+    assert (
+        'data["weights"] > bytes loaded by torch.storage._load_from_bytes (legacy format, pickle 4): loading this '
+        "file would run code from builtins.eval (the pickle calls it)" in out
+    )
+    _assert_never_created(canary)
+    pickle.loads(outer)
+    assert canary.exists()
+
+
+def test_a_lambda_learning_rate_is_code_in_the_file(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """cloudpickle stores a lambda's code: loading builds it, and a pickle can call what it builds."""
+    model = PPO("MlpPolicy", "CartPole-v1", learning_rate=lambda progress: 3e-4 * progress, n_steps=16, batch_size=16)
+    model.save(tmp_path / "lambda.zip")
+    status, out, _ = _doctor(tmp_path / "lambda.zip", capsys)
+    assert status == EXIT_UNHEALTHY
+    assert 'data["learning_rate"]: loading this file would run code from cloudpickle.cloudpickle._make_function' in out
+    assert "a function pickled by value, its code stored in the file" in out
+    assert out.count("loading this file would run code from") == 2  # learning_rate and lr_schedule, one line each
+
+
+def test_trusted_module_and_dis(model_zip: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """A class of the user's own is named (exit 1) unless trusted; --dis shows the opcodes without loading."""
+    pickled = PROTO_2 + global_opcode("my_project.networks", "Extractor") + STOP
+    path = rewrite_zip(model_zip, tmp_path / "own.zip", data=lambda data: data | {"extractor": serialized(pickled)})
+    status, out, _ = _doctor(path, capsys)
+    assert status == EXIT_UNHEALTHY
+    assert 'data["extractor"]: loading this file would run code from my_project.networks.Extractor' in out
+    assert "sb3-safe doctor --dis 'data[\"extractor\"]'" in out
+    status, out, _ = _doctor(path, capsys, "--trust", "my_project")
+    assert status == EXIT_HEALTHY and "Healthy" in out
+    status, out, _ = _doctor(path, capsys, "--dis", 'data["extractor"]')
+    assert status == EXIT_HEALTHY and "GLOBAL     'my_project.networks Extractor'" in out
+    assert "my_project" not in sys.modules
+
+
+def test_json_report_lists_the_findings(model_zip: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    canary = tmp_path / "canary"
+    path = _booby_trap(model_zip, tmp_path / "trap.zip", "policy.pth", _payload("os.system", canary))
+    status, out, _ = _doctor(path, capsys, "--json")
+    report = json.loads(out)
+    assert status == EXIT_UNHEALTHY and report["healthy"] is False and report["tensors_checked"] is False
+    (finding,) = report["unsafe"]
+    assert finding["entry"] == "policy.pth" and finding["target"] == SYSTEM
+    assert "weights_only=True) refuses it" in finding["detail"]
+
+
+def _json_list(data: dict) -> bytes:
+    return b"[1, 2]"
+
+
+def _optimizer(model_zip: Path, change: Callable[[dict], None]) -> bytes:
+    with zipfile.ZipFile(model_zip) as archive:
+        state = th.load(archive.open("policy.optimizer.pth"), weights_only=True)
+    change(state)
+    return torch_bytes(state)
+
+
+def _set(key: str, value: object) -> Callable[[dict], None]:
+    return lambda state: state.__setitem__(key, value)
+
+
+def _torch_zip_without_pickle() -> bytes:
+    import io
+
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        archive.writestr("archive/version", b"3\n")
+    return buffer.getvalue()
+
+
+#: (how to build it from the model zip and a target path, what the one line must say)
+MALFORMED: dict[str, tuple[Callable[[Path, Path], Path], str]] = {
+    "data a JSON list": (
+        lambda src, dst: rewrite_zip(src, dst, data=_json_list),
+        "data: expected a JSON object (the model's attributes), got a list",
+    ),
+    "data nested 100,000 levels": (
+        lambda src, dst: rewrite_zip(src, dst, data=lambda _: b"[" * 100_000 + b"]" * 100_000),
+        "data: JSON nested too deeply to read",
+    ),
+    "data not UTF-8": (lambda src, dst: rewrite_zip(src, dst, data=lambda _: b"\xff\xfe{}"), "data: expected UTF-8"),
+    "data not JSON": (lambda src, dst: rewrite_zip(src, dst, data=lambda _: b"{policy"), "data: expected JSON"),
+    "serialized not text": (
+        lambda src, dst: rewrite_zip(src, dst, data=lambda data: data | {"policy_class": {":serialized:": [1]}}),
+        "data[\"policy_class\"]: ':serialized:' is a list, expected base64 text",
+    ),
+    "serialized a truncated pickle": (
+        lambda src, dst: rewrite_zip(src, dst, data=lambda d: d | {"lr_schedule": serialized(pickle.dumps([1.0] * 9)[:12])}),
+        'data["lr_schedule"]: not a valid pickle',
+    ),
+    "policy.pth a list": (
+        lambda src, dst: rewrite_zip(src, dst, replace={"policy.pth": torch_bytes([th.zeros(2)])}),
+        "policy.pth: expected a state dict (names to tensors), got a list",
+    ),
+    "policy.pth a bare tensor": (
+        lambda src, dst: rewrite_zip(src, dst, replace={"policy.pth": torch_bytes(th.zeros(2))}),
+        "policy.pth: expected a state dict (names to tensors), got a tensor",
+    ),
+    "policy.pth not a torch file": (
+        lambda src, dst: rewrite_zip(src, dst, replace={"policy.pth": b"\x00garbage"}),
+        "policy.pth: not a torch file",
+    ),
+    "policy.pth a torch zip without its pickle": (
+        lambda src, dst: rewrite_zip(src, dst, replace={"policy.pth": _torch_zip_without_pickle()}),
+        "policy.pth: a torch zip file without archive/data.pkl",
+    ),
+    "pytorch_variables.pth a list": (
+        lambda src, dst: rewrite_zip(src, dst, replace={"pytorch_variables.pth": torch_bytes([1, 2])}),
+        "pytorch_variables.pth: expected a dict of tensors (names to tensors), got a list",
+    ),
+    "optimizer param_groups a string": (
+        lambda src, dst: rewrite_zip(src, dst, replace={"policy.optimizer.pth": _optimizer(src, _set("param_groups", "lr"))}),
+        "policy.optimizer.pth: expected an optimizer state dict (state: a dict of dicts, param_groups: a list of "
+        "dicts with params), got param_groups of type str",
+    ),
+    "optimizer state a list": (
+        lambda src, dst: rewrite_zip(src, dst, replace={"policy.optimizer.pth": _optimizer(src, _set("state", []))}),
+        "got state of type list",
+    ),
+    "a tensor larger than its storage": (
+        lambda src, dst: rewrite_zip(src, dst, replace={"policy.pth": torch_bytes({"w": th.zeros(1).expand(10**10)})}),
+        "policy.pth: tensor w has 10000000000 values over a storage of 4 bytes",
+    ),
+    "no policy.pth": (lambda src, dst: rewrite_zip(src, dst, drop=("policy.pth",)), "a zip archive without policy.pth"),
+    "no data": (lambda src, dst: rewrite_zip(src, dst, drop=("data",)), "a zip archive without data"),
+    "two entries named data": (lambda src, dst: duplicate_entry(src, dst, "data"), "two entries named data"),
+    # cut in policy.pth: the directory found at the end is that of the torch zip stored in it
+    "truncated zip": (
+        lambda src, dst: dst.write_bytes(src.read_bytes()[: src.stat().st_size // 2]) and dst,
+        "a truncated or damaged zip archive (the directory found at its end describes a zip starting at byte",
+    ),
+    "truncated zip, no directory left": (
+        lambda src, dst: dst.write_bytes(src.read_bytes()[:2000]) and dst,
+        "a truncated zip archive (it starts as one, its directory at the end is missing)",
+    ),
+    "not a zip": (lambda src, dst: dst.write_bytes(b"\x89PNG not a zip") and dst, "not a zip archive"),
+    "an empty file": (lambda src, dst: dst.write_bytes(b"") or dst, "not a zip archive"),
+}
+
+
+@pytest.mark.parametrize("case", MALFORMED)
+def test_malformed_files_exit_2_with_one_line(
+    case: str, model_zip: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    build, expected = MALFORMED[case]
+    path = build(model_zip, tmp_path / "bad.zip")
+    status, out, err = _doctor(path, capsys)
+    assert status == EXIT_UNREADABLE and out == ""
+    assert err.startswith(f"sb3-safe doctor: error: {path}: ") and err.count("\n") == 1
+    assert expected in err
+    assert "an error in doctor" not in err
+
+
+def test_a_corrupted_entry_is_named(model_zip: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    raw = bytearray(model_zip.read_bytes())
+    with zipfile.ZipFile(model_zip) as archive:
+        info = archive.getinfo("data")
+    raw[info.header_offset + 30 + len(info.filename) + 5] ^= 0xFF  # one byte of the stored JSON
+    (tmp_path / "crc.zip").write_bytes(bytes(raw))
+    status, _, err = _doctor(tmp_path / "crc.zip", capsys)
+    assert status == EXIT_UNREADABLE and "cannot read entry data (BadZipFile: Bad CRC-32" in err
+
+
+def test_size_limits_refuse_before_reading(model_zip: Path, capsys: pytest.CaptureFixture) -> None:
+    """The flags move the limits both ways: a real model passes the defaults, and is refused under tiny ones."""
+    assert _doctor(model_zip, capsys)[0] == EXIT_HEALTHY
+    with zipfile.ZipFile(model_zip) as archive:
+        data_size = archive.getinfo("data").file_size
+    status, _, err = _doctor(model_zip, capsys, "--max-entry-mb", "0.001")
+    assert status == EXIT_UNREADABLE
+    assert (
+        f"entry data is {data_size / 1024:.1f} KiB uncompressed, beyond the limit of 1.0 KiB per entry (--max-entry-mb" in err
+    )
+    status, _, err = _doctor(model_zip, capsys, "--max-total-mb", "0.01")
+    assert status == EXIT_UNREADABLE and "uncompressed together, beyond the limit of 10.2 KiB (--max-total-mb" in err
+
+
+_PEAK_SCRIPT = """
+import json, resource, sys
+from sb3_safe.cli import main
+
+def peak():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+
+baseline = peak()
+statuses = [main(["doctor", path]) for path in sys.argv[1:]]
+print(json.dumps({"statuses": statuses, "grew": peak() - baseline}))
+"""
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="ru_maxrss is in KiB on Linux")
+def test_decompression_bombs_are_refused_with_bounded_memory(model_zip: Path, tmp_path: Path) -> None:
+    """
+    A ~1 MB zip whose policy.pth inflates to a torch file of a 1 GB zero tensor: refused from the sizes the central
+    directory declares; when the directory lies, zipfile stops at the declared size; a bomb in the torch zip inside
+    policy.pth is refused from its own directory. Peak memory stays far below the gigabyte.
+    """
+    numel = 250_000_000  # 1 GB of float32 zeros
+    honest = model_with_policy(model_zip, tmp_path / "bomb.zip", torch_zip_of_zeros(numel), deflate=True)
+    lying = model_with_policy(model_zip, tmp_path / "lying.zip", torch_zip_of_zeros(numel), deflate=True, declared=2**21)
+    nested = model_with_policy(
+        model_zip, tmp_path / "nested.zip", torch_zip_of_zeros(numel, deflate_record=True), deflate=False
+    )
+    assert honest.stat().st_size < 2e6 and nested.stat().st_size < 2e6
+    result = subprocess.run(
+        [sys.executable, "-c", _PEAK_SCRIPT, str(honest), str(lying), str(nested)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert "Traceback" not in result.stderr, result.stderr
+    measured = json.loads(result.stdout.splitlines()[-1])
+    assert measured["statuses"] == [EXIT_UNREADABLE] * 3
+    errors = result.stderr.splitlines()
+    assert len(errors) == 3
+    assert errors[0].endswith(
+        "bomb.zip: entry policy.pth is 953.7 MiB uncompressed, beyond the limit of 512.0 MiB per entry "
+        "(--max-entry-mb raises it)"
+    )
+    assert "lying.zip: cannot read entry policy.pth (BadZipFile: Bad CRC-32" in errors[1]
+    assert errors[2].endswith(
+        "nested.zip: policy.pth: entry archive/data/0 is 953.7 MiB uncompressed, beyond the limit of 512.0 MiB per "
+        "entry (--max-entry-mb raises it)"
+    )
+    assert measured["grew"] < 64 * 2**20, f"peak memory grew by {measured['grew'] / 2**20:.0f} MiB"
+
+
+def test_bomb_builder_writes_what_torch_reads(tmp_path: Path) -> None:
+    """The bombs above are real: the same builder, for 10 values, is a torch file of 10 zeros (stored or deflated)."""
+    from zip_builders import write_segments
+
+    for deflate in (False, True):
+        path = write_segments(tmp_path / f"small_{deflate}.pth", torch_zip_of_zeros(10, deflate_record=deflate))
+        assert th.equal(th.load(path, weights_only=True)["weight"], th.zeros(10))
+
+
+def test_a_closed_pipe_is_quiet(model_zip: Path) -> None:
+    """``sb3-safe doctor model.zip | head -1``: no BrokenPipeError traceback, and the status still says healthy."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "sb3_safe", "doctor", str(model_zip)], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    assert process.stdout is not None and process.stderr is not None
+    process.stdout.close()  # the reader is gone before doctor writes
+    stderr = process.stderr.read().decode()
+    assert process.wait(timeout=60) == EXIT_HEALTHY
+    assert stderr == ""
+
+
+def test_all_nan_log_std_is_reported_once(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    model = PPO("MlpPolicy", "Pendulum-v1", policy_kwargs=dict(net_arch=[8]))
+    with th.no_grad():
+        model.policy.log_std.fill_(np.nan)
+    model.save(tmp_path / "nan.zip")
+    status, out, _ = _doctor(tmp_path / "nan.zip", capsys)
+    assert status == EXIT_UNHEALTHY
+    assert "  policy.log_std: 1 NaN, 0 inf of 1" in out
+    assert "log-std: no finite value (see the NaN / inf above)" in out
+    assert "no log_std parameter" not in out
+
+
+def test_hostile_file_end_to_end(model_zip: Path, tmp_path: Path) -> None:
+    """As a user runs it: python -m sb3_safe doctor on a booby-trapped file."""
+    canary = tmp_path / "canary"
+    path = _booby_trap(model_zip, tmp_path / "trap.zip", "data", _payload("os.system", canary))
+    result = subprocess.run([sys.executable, "-m", "sb3_safe", "doctor", str(path)], capture_output=True, text=True)
+    assert result.returncode == EXIT_UNHEALTHY and result.stderr == ""
+    assert f"loading this file would run code from {SYSTEM}" in result.stdout
+    _assert_never_created(canary)
+
+
+def test_help_documents_the_exit_statuses(capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit):
+        main(["doctor", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "Exit status: 0 healthy; 1 unhealthy (code beyond what SB3 model files need, NaN / inf" in text
+    assert "2 not a readable SB3 model" in text and "--max-entry-mb" in text
