@@ -12,6 +12,7 @@ treat them as their parents.
 """
 
 import math
+import numbers
 from typing import Any, TypeVar
 
 import numpy as np
@@ -74,6 +75,11 @@ NONFINITE_OUTPUT_HINT = (
 )
 
 
+def _is_number(value: Any) -> bool:
+    """A real number (Python's or numpy's), not a bool."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool | np.bool_)
+
+
 def validate_log_std_range(log_std_range: tuple[float, float]) -> tuple[float, float]:
     """
     Check ``log_std_range`` and return it as a tuple of floats.
@@ -82,9 +88,13 @@ def validate_log_std_range(log_std_range: tuple[float, float]) -> tuple[float, f
     :raises ValueError: naming ``log_std_range`` and the allowed values
     """
     try:
-        low, high = (float(bound) for bound in log_std_range)
-    except (TypeError, ValueError):
-        raise ValueError(f"log_std_range must be a pair (lo, hi) of floats, got {log_std_range!r}") from None
+        bounds = tuple(log_std_range)
+    except TypeError:
+        bounds = ()
+    # Numbers only: float("2") and float(True) would silently accept a string or a bool
+    if len(bounds) != 2 or not all(_is_number(bound) for bound in bounds):
+        raise ValueError(f"log_std_range must be a pair (lo, hi) of floats, got {log_std_range!r}")
+    low, high = float(bounds[0]), float(bounds[1])
     if not (math.isfinite(low) and math.isfinite(high)):
         raise ValueError(f"log_std_range must be finite, got {log_std_range!r}")
     if not -LOG_STD_LIMIT <= low < high <= LOG_STD_LIMIT:
@@ -103,10 +113,10 @@ def validate_logit_bound(logit_bound: float | None) -> float | None:
     """
     if logit_bound is None:
         return None
-    try:
-        bound = float(logit_bound)
-    except (TypeError, ValueError):
-        raise ValueError(f"logit_bound must be None or a float in (0, {LOGIT_BOUND_LIMIT:g}], got {logit_bound!r}") from None
+    # Numbers only: float("10") and float(True) would silently accept a string or a bool
+    if not _is_number(logit_bound):
+        raise ValueError(f"logit_bound must be None or a float in (0, {LOGIT_BOUND_LIMIT:g}], got {logit_bound!r}")
+    bound = float(logit_bound)
     if not 0.0 < bound <= LOGIT_BOUND_LIMIT:  # also rejects NaN
         raise ValueError(f"logit_bound must be None or a float in (0, {LOGIT_BOUND_LIMIT:g}], got {logit_bound!r}")
     return bound
