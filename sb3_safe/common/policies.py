@@ -24,6 +24,28 @@ from sb3_safe.common.distributions import (
     validate_logit_bound,
 )
 
+#: What the algorithms of other policy families read from their policy right after building it (in
+#: ``_setup_model``), and which algorithms read it
+_OTHER_FAMILIES_ATTRIBUTES = {
+    "actor": "SAC, TD3, DDPG, TQC or CrossQ",
+    "actor_target": "TD3 or DDPG",
+    "critic": "SAC, TD3, DDPG, TQC or CrossQ",
+    "critic_target": "SAC, TD3, DDPG or TQC",
+    "q_net": "DQN",
+    "q_net_target": "DQN",
+    "quantile_net": "QRDQN",
+    "quantile_net_target": "QRDQN",
+    "lstm_actor": "RecurrentPPO",
+}
+
+
+class PolicyAlgorithmMismatchError(TypeError, AttributeError):
+    """
+    A safe policy given to an algorithm it cannot serve. A ``TypeError`` (the wrong policy type for the algorithm);
+    also an ``AttributeError``, raised where the algorithm reads an attribute the policy lacks, so that ``hasattr``
+    and ``getattr(policy, name, default)`` keep their meaning.
+    """
+
 
 class SafeDistributionMixin(BasePolicy):
     """
@@ -47,10 +69,29 @@ class SafeDistributionMixin(BasePolicy):
 
     #: Constructor keywords the family adds to its SB3 policy's, saved with the policy (read back as attributes)
     safe_keywords: ClassVar[tuple[str, ...]] = ("log_std_range", "logit_bound", "squash_output")
+    #: The algorithms the family serves, for the error when another algorithm is given the policy
+    served_algorithms: ClassVar[str] = "PPO, A2C, KLAdaptivePPO, SafeA2C and TRPO"
 
     log_std_range: tuple[float, float]
     logit_bound: float | None
     _tanh_squash: bool
+
+    def __getattr__(self, name: str) -> Any:
+        # Only reached when normal lookup fails (torch's Module.__getattr__ then finds submodules and parameters).
+        # SB3 algorithms cannot be told apart by the arguments they build their policy with (SAC passes use_sde,
+        # as PPO does; RecurrentPPO passes exactly PPO's), but each family's algorithm reads its own parts of the
+        # policy right after building it: SAC policy.actor, DQN policy.q_net, RecurrentPPO policy.lstm_actor.
+        # Module.__getattr__ is the next one in the MRO; called directly, as this runs at every submodule access
+        if name not in _OTHER_FAMILIES_ATTRIBUTES:
+            return th.nn.Module.__getattr__(self, name)
+        try:
+            return th.nn.Module.__getattr__(self, name)
+        except AttributeError:
+            pass
+        raise PolicyAlgorithmMismatchError(
+            f"{type(self).__name__} serves {self.served_algorithms}, not {_OTHER_FAMILIES_ATTRIBUTES[name]} "
+            f'(which read policy.{name}): give that algorithm its own policy, e.g. "MlpPolicy"'
+        )
 
     def _init_safe_arguments(
         self,

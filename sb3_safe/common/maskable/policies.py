@@ -13,7 +13,7 @@ from stable_baselines3.common.type_aliases import Schedule
 
 from sb3_safe.common.distributions import DEFAULT_LOGIT_BOUND
 from sb3_safe.common.maskable.distributions import make_safe_masked_distribution
-from sb3_safe.common.policies import SafeDistributionMixin
+from sb3_safe.common.policies import PolicyAlgorithmMismatchError, SafeDistributionMixin
 
 
 class SafeMaskableActorCriticPolicy(SafeDistributionMixin, MaskableActorCriticPolicy):
@@ -29,9 +29,15 @@ class SafeMaskableActorCriticPolicy(SafeDistributionMixin, MaskableActorCriticPo
 
     A non-finite network output raises :class:`sb3_safe.NonFiniteError` naming it; a mask without a valid action
     raises ``ValueError``. With default arguments the ``state_dict`` keys equal those of sb3-contrib's policy.
+
+    Given to an algorithm other than ``MaskablePPO``, it raises
+    :class:`~sb3_safe.common.policies.PolicyAlgorithmMismatchError` naming both when the algorithm builds it:
+    MaskablePPO builds its policy without ``use_sde``, which every SB3 on-policy algorithm and SAC pass; DQN and
+    TD3 read parts it does not have.
     """
 
     safe_keywords: ClassVar[tuple[str, ...]] = ("logit_bound",)
+    served_algorithms: ClassVar[str] = "MaskablePPO"
 
     def __init__(
         self,
@@ -41,6 +47,13 @@ class SafeMaskableActorCriticPolicy(SafeDistributionMixin, MaskableActorCriticPo
         logit_bound: float | None = DEFAULT_LOGIT_BOUND,
         **kwargs: Any,
     ):
+        if "use_sde" in kwargs:
+            # MaskableActorCriticPolicy has no use_sde (sb3-contrib's would fail on it with a bare TypeError)
+            raise PolicyAlgorithmMismatchError(
+                f"{type(self).__name__} serves {self.served_algorithms}, not an algorithm that builds its policy "
+                "with use_sde (PPO, A2C, KLAdaptivePPO, SafeA2C, TRPO, RecurrentPPO, SAC): give those "
+                'sb3_safe.SafeMlpPolicy (SAC its own "MlpPolicy")'
+            )
         # Action masking is for discrete actions only: no log-std, no squashing
         self._init_safe_arguments(action_space, logit_bound=logit_bound)
         super().__init__(observation_space, action_space, lr_schedule, **kwargs)

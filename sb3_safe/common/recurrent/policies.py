@@ -1,19 +1,21 @@
 """Drop-in sb3-contrib recurrent policies (for ``RecurrentPPO``) whose action distributions stay finite and valid."""
 
 import warnings
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
+import torch as th
 from gymnasium import spaces
 from sb3_contrib.common.recurrent.policies import (
     RecurrentActorCriticCnnPolicy,
     RecurrentActorCriticPolicy,
     RecurrentMultiInputActorCriticPolicy,
 )
+from sb3_contrib.common.recurrent.type_aliases import RNNStates
 from stable_baselines3.common.torch_layers import CombinedExtractor, NatureCNN
 from stable_baselines3.common.type_aliases import Schedule
 
-from sb3_safe.common.policies import SafeActorCriticPolicy
+from sb3_safe.common.policies import PolicyAlgorithmMismatchError, SafeActorCriticPolicy
 
 
 class SafeRecurrentActorCriticPolicy(SafeActorCriticPolicy, RecurrentActorCriticPolicy):
@@ -33,7 +35,15 @@ class SafeRecurrentActorCriticPolicy(SafeActorCriticPolicy, RecurrentActorCritic
     ``RecurrentPPO`` (sb3-contrib 2.9) clips the actions of its rollouts to the Box bounds without rescaling
     squashed actions to them, as ``predict`` and SB3's algorithms do: with ``squash_output`` the environment's
     Box should be ``[-1, 1]`` (gymnasium's ``RescaleAction`` wrapper), which a warning says otherwise.
+
+    Given to an algorithm other than ``RecurrentPPO``, it raises
+    :class:`~sb3_safe.common.policies.PolicyAlgorithmMismatchError` naming both: at construction for SAC, TD3,
+    DQN and the like (they read parts it does not have), at the first forward pass for PPO, A2C and the other
+    feed-forward on-policy algorithms (they build their policy with exactly RecurrentPPO's arguments, and call
+    it without LSTM states).
     """
+
+    served_algorithms: ClassVar[str] = "RecurrentPPO"
 
     def __init__(
         self,
@@ -51,6 +61,20 @@ class SafeRecurrentActorCriticPolicy(SafeActorCriticPolicy, RecurrentActorCritic
                 "them). Rescale the environment's actions to [-1, 1] (gymnasium.wrappers.RescaleAction)."
             )
         super().__init__(observation_space, action_space, lr_schedule, squash_output=squash_output, **kwargs)
+
+    def forward(  # type: ignore[override]
+        self,
+        obs: th.Tensor,
+        lstm_states: RNNStates | None = None,
+        episode_starts: th.Tensor | None = None,
+        deterministic: bool = False,
+    ) -> tuple[th.Tensor, th.Tensor, th.Tensor, RNNStates]:
+        if lstm_states is None or episode_starts is None:
+            raise PolicyAlgorithmMismatchError(
+                f"{type(self).__name__} serves {self.served_algorithms}, not an algorithm that calls its policy "
+                "without LSTM states (PPO, A2C, KLAdaptivePPO, SafeA2C, TRPO): give those sb3_safe.SafeMlpPolicy"
+            )
+        return super().forward(obs, lstm_states, episode_starts, deterministic)
 
     def _get_constructor_parameters(self) -> dict[str, Any]:
         data = super()._get_constructor_parameters()
