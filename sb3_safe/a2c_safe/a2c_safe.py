@@ -1,5 +1,7 @@
 """SafeA2C: SB3's A2C with safe action distributions and guarded updates."""
 
+import io
+import pathlib
 from typing import Any, ClassVar, Literal, TypeVar
 
 import torch as th
@@ -13,6 +15,7 @@ from stable_baselines3.common.utils import explained_variance
 from torch.nn import functional as F
 
 from sb3_safe.a2c_safe.policies import CnnPolicy, MlpPolicy, MultiInputPolicy
+from sb3_safe.common.checkpoints import continue_stock_checkpoint
 from sb3_safe.common.policies import SafeActorCriticPolicy
 from sb3_safe.common.updates import GuardedOptimizerStep, normalize_advantages, write_last_update_statistics
 
@@ -29,7 +32,9 @@ class SafeA2C(A2C):
 
     - ``"MlpPolicy"``, ``"CnnPolicy"`` and ``"MultiInputPolicy"`` are sb3-safe's policies: bounded logits
       (every action keeps a known minimum probability) for discrete actions, bounded log-std for Box actions.
-      SB3's policy classes are still accepted.
+      SB3's policy classes are still accepted. ``SafeA2C.load("a2c.zip")`` continues a run of SB3's A2C with the
+      safe policy of the same kind (the weights and the optimizer state load as they are); ``A2C.load`` reads
+      SafeA2C's checkpoints.
     - The optimizer step is skipped, leaving parameters and optimizer state untouched, when the loss or the
       gradient norm is not finite (logged as ``train/skipped_updates``, a running total).
     - Advantage normalization is safe for a batch of one and for zero variance.
@@ -155,6 +160,25 @@ class SafeA2C(A2C):
             device=device,
             _init_setup_model=_init_setup_model,
         )
+
+    @classmethod
+    def load(
+        cls: type[SelfSafeA2C],
+        path: str | pathlib.Path | io.BufferedIOBase,
+        env: GymEnv | None = None,
+        device: th.device | str = "auto",
+        custom_objects: dict[str, Any] | None = None,
+        print_system_info: bool = False,
+        force_reset: bool = True,
+        **kwargs: Any,
+    ) -> SelfSafeA2C:
+        """
+        SB3's ``load``; a checkpoint of SB3's A2C (or another algorithm with SB3's actor-critic policies) continues
+        with the safe policy of the same kind (see :mod:`sb3_safe.common.checkpoints`). A SafeA2C checkpoint keeps
+        its policy, a stock one included.
+        """
+        custom_objects = continue_stock_checkpoint(path, cls.policy_aliases, ("value_loss",), custom_objects)
+        return super().load(path, env, device, custom_objects, print_system_info, force_reset, **kwargs)
 
     @property
     def skipped_updates(self) -> int:

@@ -1,18 +1,21 @@
 """KLAdaptivePPO: PPO's clipped surrogate plus the adaptive KL penalty of the PPO paper, with numerical guards."""
 
+import io
 import math
+import pathlib
 from typing import Any, ClassVar, TypeVar
 
 import torch as th
 from gymnasium import spaces
 from stable_baselines3 import PPO
-from stable_baselines3.common.buffers import RolloutBuffer
+from stable_baselines3.common.buffers import DictRolloutBuffer, RolloutBuffer
 from stable_baselines3.common.policies import ActorCriticPolicy, BasePolicy
 from stable_baselines3.common.type_aliases import GymEnv, MaybeCallback, Schedule
 from stable_baselines3.common.utils import explained_variance
 from torch.nn import functional as F
 
 from sb3_safe.common.buffers import KLDictRolloutBuffer, KLDictRolloutBufferSamples, KLRolloutBuffer, KLRolloutBufferSamples
+from sb3_safe.common.checkpoints import continue_stock_checkpoint
 from sb3_safe.common.kl import analytic_kl, approx_kl, clamp_log_ratio, has_analytic_kl
 from sb3_safe.common.policies import SafeActorCriticPolicy, SafeCnnPolicy, SafeMultiInputPolicy
 from sb3_safe.common.updates import GuardedOptimizerStep, normalize_advantages, write_last_update_statistics
@@ -62,7 +65,12 @@ class KLAdaptivePPO(PPO):
     is 1 without storing the pre-squash action.
 
     Accepts every :class:`~stable_baselines3.PPO` argument; ``"MlpPolicy"``, ``"CnnPolicy"`` and
-    ``"MultiInputPolicy"`` are the safe policies of :mod:`sb3_safe.common.policies`. In addition:
+    ``"MultiInputPolicy"`` are the safe policies of :mod:`sb3_safe.common.policies`.
+
+    Checkpoints load both ways: ``KLAdaptivePPO.load("ppo.zip")`` continues a run of SB3's PPO with the safe
+    policy of the same kind and the KL rollout buffer (the penalty starting at ``initial_kl_beta``), and
+    ``PPO.load("kl_ppo.zip")`` trains on as PPO (the buffer is not saved, each algorithm builds its own).
+    In addition:
 
     :param clip_range: as in PPO; ``None`` for the paper's penalty-only variant (no clipping)
     :param adaptive_kl_target: d_targ, the KL the penalty coefficient is adapted towards
@@ -172,15 +180,48 @@ class KLAdaptivePPO(PPO):
         if _init_setup_model:
             self._setup_model()
 
+    @classmethod
+    def load(
+        cls: type[SelfKLAdaptivePPO],
+        path: str | pathlib.Path | io.BufferedIOBase,
+        env: GymEnv | None = None,
+        device: th.device | str = "auto",
+        custom_objects: dict[str, Any] | None = None,
+        print_system_info: bool = False,
+        force_reset: bool = True,
+        **kwargs: Any,
+    ) -> SelfKLAdaptivePPO:
+        """
+        SB3's ``load``; a checkpoint of SB3's PPO (or another algorithm with SB3's actor-critic policies) continues
+        with the safe policy of the same kind (see :mod:`sb3_safe.common.checkpoints`).
+        """
+        custom_objects = continue_stock_checkpoint(path, cls.policy_aliases, ("kl_beta",), custom_objects)
+        return super().load(path, env, device, custom_objects, print_system_info, force_reset, **kwargs)
+
     def _setup_model(self) -> None:
         # load() restores the bounds from JSON as a list
         self.kl_beta_bounds = (float(self.kl_beta_bounds[0]), float(self.kl_beta_bounds[1]))
-        if self.rollout_buffer_class is None:
+        if self.rollout_buffer_class in (None, RolloutBuffer, DictRolloutBuffer):
+            # None: chosen here. SB3's own buffers: a PPO checkpoint (PPO saves the class it chose), continued here
             self.rollout_buffer_class = (
                 KLDictRolloutBuffer if isinstance(self.observation_space, spaces.Dict) else KLRolloutBuffer
             )
+        elif not issubclass(self.rollout_buffer_class, KLRolloutBuffer):
+            raise ValueError(
+                f"KLAdaptivePPO needs a KLRolloutBuffer (it keeps the old distribution parameters for the KL), and "
+                f"this model has rollout_buffer_class={self.rollout_buffer_class.__name__} (a checkpoint of another "
+                "algorithm?): build KLAdaptivePPO(...) and model.set_parameters(path) to take over its weights"
+            )
         super()._setup_model()
         self.rollout_buffer.attach_policy(self.policy)
+
+    def _excluded_save_params(self) -> list[str]:
+        excluded = super()._excluded_save_params()
+        # The default buffer is not saved, so that PPO.load picks its own (KLAdaptivePPO.load picks this one again):
+        # a KLRolloutBuffer in PPO's hands would never be attached to the policy
+        if self.rollout_buffer_class in (KLRolloutBuffer, KLDictRolloutBuffer):
+            excluded.append("rollout_buffer_class")
+        return excluded
 
     def _mean_kl_to_old(
         self, rollout_data: KLRolloutBufferSamples | KLDictRolloutBufferSamples, log_prob: th.Tensor | None = None
