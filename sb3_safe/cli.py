@@ -68,7 +68,9 @@ def _add_doctor(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]
             "beyond the size limits, a directory), with one line on stderr."
         ),
     )
-    parser.add_argument("path", help="the model .zip")
+    parser.add_argument(
+        "path", help="the model .zip (or a pickle SB3 writes: vecnormalize.pkl, a replay buffer: its globals are checked)"
+    )
     parser.add_argument("--top", type=int, default=5, help="how many of the largest weights to list (default: 5)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument(

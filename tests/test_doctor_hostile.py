@@ -17,10 +17,12 @@ import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
+import gymnasium as gym
 import numpy as np
 import pytest
 import torch as th
-from stable_baselines3 import PPO
+from stable_baselines3 import PPO, SAC
+from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
 from zip_builders import (
     BUILD,
     EMPTY_DICT,
@@ -539,3 +541,63 @@ def test_help_documents_the_exit_statuses(capsys: pytest.CaptureFixture) -> None
     text = " ".join(capsys.readouterr().out.split())
     assert "Exit status: 0 healthy; 1 unhealthy (code beyond what SB3 model files need, NaN / inf" in text
     assert "2 not a readable SB3 model" in text and "--max-entry-mb" in text
+
+
+def test_vecnormalize_and_replay_buffer_pickles(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """The plain pickles SB3 writes besides model zips (rl_zoo3's enjoy unpickles vecnormalize.pkl in full)."""
+    env = VecNormalize(DummyVecEnv([lambda: gym.make("Pendulum-v1")]))
+    env.reset()
+    env.save(tmp_path / "vecnormalize.pkl")
+    model = SAC("MlpPolicy", "Pendulum-v1", learning_starts=8, buffer_size=32, batch_size=8, policy_kwargs=dict(net_arch=[8]))
+    model.learn(16)
+    model.save_replay_buffer(tmp_path / "buffer.pkl")
+    for name in ("vecnormalize.pkl", "buffer.pkl"):
+        status, out, _ = _doctor(tmp_path / name, capsys)
+        assert status == EXIT_HEALTHY and "Healthy: the pickle names only what SB3 files hold" in out
+    canary = tmp_path / "canary"
+    (tmp_path / "trap.pkl").write_bytes(pickle.dumps(_payload("builtins.eval", canary)))
+    status, out, _ = _doctor(tmp_path / "trap.pkl", capsys)
+    assert status == EXIT_UNHEALTHY and "trap.pkl: loading this file would run code from builtins.eval" in out
+    _assert_never_created(canary)
+    with contextlib.suppress(Exception):
+        VecNormalize.load(str(tmp_path / "trap.pkl"), DummyVecEnv([lambda: gym.make("Pendulum-v1")]))
+    assert canary.exists()  # VecNormalize.load runs it
+    (tmp_path / "cut.pkl").write_bytes((tmp_path / "vecnormalize.pkl").read_bytes()[:100])
+    status, _, err = _doctor(tmp_path / "cut.pkl", capsys)
+    assert status == EXIT_UNREADABLE and "cut.pkl: not a valid pickle" in err
+
+
+def test_names_from_the_file_cannot_drive_the_terminal(model_zip: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """A global named with control characters (a new line, a screen clear) is printed escaped, on its one line."""
+    name = "system\x1b[2J\nHealthy: all fine"
+    pickled = PROTO_4 + unicode("os") + unicode(name) + STACK_GLOBAL + STOP
+    path = rewrite_zip(model_zip, tmp_path / "ansi.zip", data=lambda data: data | {"x\ny": serialized(pickled)})
+    status, out, _ = _doctor(path, capsys)
+    assert status == EXIT_UNHEALTHY and "\x1b" not in out and "\nHealthy" not in out
+    assert '  data["x\\ny"]: loading this file would run code from os.system\\x1b[2J\\nHealthy: all fine' in out
+
+
+def test_a_pickle_beyond_the_opcode_limit_is_never_healthy(
+    model_zip: Path, tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The scan stops at MAX_OPCODES: what follows is unread, so the file is refused (exit 2), never healthy."""
+    monkeypatch.setattr("sb3_safe.doctor.scan.MAX_OPCODES", 1000)
+    canary = tmp_path / "canary"
+    padding = (NONE + POP) * 600  # 1200 harmless opcodes before the payload
+    pickled = PROTO_4 + padding + unicode("builtins") + unicode("eval") + STACK_GLOBAL
+    pickled += unicode(touch_code(canary)) + TUPLE1 + REDUCE + STOP
+    path = rewrite_zip(model_zip, tmp_path / "long.zip", data=lambda data: data | {"lr_schedule": serialized(pickled)})
+    status, out, err = _doctor(path, capsys)
+    assert status == EXIT_UNREADABLE and out == ""
+    assert 'data["lr_schedule"]: not a valid pickle (more than 1000 opcodes, beyond what doctor reads' in err
+    _assert_never_created(canary)
+
+
+def test_a_call_with_a_huge_argument_is_not_checked_so_not_healthy(
+    model_zip: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    items = b"(" + NONE * 10_001 + b"t"  # MARK, 10,001 Nones, TUPLE
+    pickled = PROTO_4 + unicode("collections") + unicode("OrderedDict") + STACK_GLOBAL + items + TUPLE1 + REDUCE + STOP
+    path = rewrite_zip(model_zip, tmp_path / "wide.zip", data=lambda data: data | {"lr_schedule": serialized(pickled)})
+    status, _, err = _doctor(path, capsys)
+    assert status == EXIT_UNREADABLE and "a call with more than 10000 argument values, not checked" in err

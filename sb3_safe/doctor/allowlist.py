@@ -43,7 +43,6 @@ CALLABLE = frozenset(
         "builtins.complex",
         "builtins.slice",
         "_codecs.encode",  # bytes in pickle protocol 2
-        "functools.partial",  # what it wraps is passed to it, so it is checked as a call too
         # numpy arrays, scalars, dtypes and random generators (numpy 2 and numpy 1 module names)
         "numpy.dtype",
         "numpy._core.multiarray._reconstruct",
@@ -82,9 +81,12 @@ CALLABLE = frozenset(
         "stable_baselines3.common.noise.OrnsteinUhlenbeckActionNoise",
         "stable_baselines3.common.noise.VectorizedActionNoise",
         "stable_baselines3.her.goal_selection_strategy.GoalSelectionStrategy",
-        # VecNormalize's own pickle (vecnormalize.pkl)
+        # the pickles SB3 writes besides model zips: VecNormalize's (vecnormalize.pkl), replay buffers
         "stable_baselines3.common.vec_env.vec_normalize.VecNormalize",
         "stable_baselines3.common.running_mean_std.RunningMeanStd",
+        "stable_baselines3.common.buffers.ReplayBuffer",
+        "stable_baselines3.common.buffers.DictReplayBuffer",
+        "stable_baselines3.her.her_replay_buffer.HerReplayBuffer",
         # sb3-safe's
         "sb3_safe.common.schedules.ScaledSchedule",
         "sb3_safe.common.updates.GuardedOptimizerStep",
@@ -92,6 +94,8 @@ CALLABLE = frozenset(
         "rl_zoo3.utils.SimpleLinearSchedule",
     }
 )
+
+# Not functools.partial: no SB3 file holds one, and its state (BUILD) can make it call any class named in the file
 
 #: Globals some callables are given to call (numpy's reconstructors build the class passed to them); any other
 #: global passed as an argument must be in CALLABLE

@@ -14,11 +14,13 @@ import zlib
 from dataclasses import dataclass
 from typing import IO
 
+from sb3_safe.doctor.scan import printable
+
 MIB = 2**20
-#: Default limit on one entry's uncompressed size. A large real SB3 model is far below it: an Atari CnnPolicy
-#: (NatureCNN, 84x84x4 frames) stores 1.7M parameters, 6.7 MiB in policy.pth and 13 MiB of Adam moments in
-#: policy.optimizer.pth; NatureCNN on full 210x160 frames, 46 MiB and 92 MiB. 512 MiB holds a 64M-parameter
-#: optimizer state (a 134M-parameter policy.pth), 40 times the Atari model.
+#: Default limit on one entry's uncompressed size. Real SB3 models are far below it (measured, SB3 2.9): PPO's
+#: CnnPolicy on Atari's 84x84x4 frames (1.7M parameters) saves 6.4 MiB in policy.pth and 12.9 MiB of Adam moments
+#: in policy.optimizer.pth, DQN's 12.9 MiB each; on raw 210x160x3 frames (11.6M parameters) 44.3 and 88.6 MiB.
+#: 512 MiB holds the Adam state of a 64M-parameter policy: 40 times the Atari model, 6 times the raw-frame one.
 DEFAULT_MAX_ENTRY_BYTES = 512 * MIB
 #: Default limit on the sum of the uncompressed sizes (the model's entries, or a torch file's records): what
 #: doctor may hold in memory at once, twice the largest entry
@@ -137,12 +139,12 @@ def open_archive(file: IO[bytes], name: str, limits: SizeLimits) -> zipfile.ZipF
     for info in archive.infolist():
         if info.filename in seen:
             # Readers disagree on which of two entries of one name they read (zipfile the last, torch's the first)
-            raise UnreadableModelError(f"{name}: two entries named {info.filename}")
+            raise UnreadableModelError(f"{name}: two entries named {printable(info.filename)}")
         seen.add(info.filename)
         total += info.file_size
         if info.file_size > limits.entry:
             raise UnreadableModelError(
-                f"{name}: entry {info.filename} is {_size_text(info.file_size)} uncompressed, beyond the limit of "
+                f"{name}: entry {printable(info.filename)} is {_size_text(info.file_size)} uncompressed, beyond the limit of "
                 f"{_size_text(limits.entry)} per entry (--max-entry-mb raises it)"
             )
     if total > limits.total:
@@ -173,9 +175,9 @@ def read_entry(archive: zipfile.ZipFile, entry: str, name: str | None = None) ->
     except (zipfile.BadZipFile, zlib.error, ValueError, OSError, EOFError, NotImplementedError, RuntimeError) as error:
         # RuntimeError: encrypted; NotImplementedError: a compression method zipfile does not have
         where = "" if name is None else f"{name}: "
-        raise UnreadableModelError(f"{where}cannot read entry {entry} ({_first_line(error)})") from None
+        raise UnreadableModelError(f"{where}cannot read entry {printable(entry)} ({_first_line(error)})") from None
 
 
 def _first_line(error: BaseException) -> str:
     message = str(error).strip()
-    return f"{type(error).__name__}: {message.splitlines()[0]}" if message else type(error).__name__
+    return printable(f"{type(error).__name__}: {message.splitlines()[0]}" if message else type(error).__name__)

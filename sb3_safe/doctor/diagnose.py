@@ -16,9 +16,16 @@ from sb3_safe.common.policies import SafeActorCriticPolicy, SafeCnnPolicy, SafeM
 from sb3_safe.common.recurrent import SafeCnnLstmPolicy, SafeMultiInputLstmPolicy, SafeRecurrentActorCriticPolicy
 from sb3_safe.doctor.allowlist import Allowlist
 from sb3_safe.doctor.archive import SizeLimits, UnreadableModelError, open_archive, read_entry
-from sb3_safe.doctor.pickles import PickleReport, data_item_entry, data_pickles, scan_data, scan_torch_entry
+from sb3_safe.doctor.pickles import (
+    PickleReport,
+    data_item_entry,
+    data_pickles,
+    scan_data,
+    scan_pickle_file,
+    scan_torch_entry,
+)
 from sb3_safe.doctor.report import DoctorReport
-from sb3_safe.doctor.scan import PickleScan
+from sb3_safe.doctor.scan import PickleScan, printable
 from sb3_safe.doctor.tensors import VARIABLE_ENTRIES, check_state_dict, check_tensors, check_variables, load_torch_entry
 
 EXIT_HEALTHY = 0
@@ -70,6 +77,31 @@ def _read_entries(path: Path, limits: SizeLimits) -> tuple[bytes, dict[str, byte
             data = read_entry(archive, "data")
             torch_entries = {name: read_entry(archive, name) for name in names if os.path.splitext(name)[1] == ".pth"}
     return data, torch_entries
+
+
+def _is_pickle_file(path: Path) -> bool:
+    """Whether the file starts as a pickle of protocol 2 or later does (a zip starts with ``PK``)."""
+    try:
+        with path.open("rb") as file:
+            start = file.read(2)
+    except OSError:
+        return False
+    return len(start) == 2 and start[0] == 0x80 and 2 <= start[1] <= 5
+
+
+def _diagnose_pickle(path: Path, limits: SizeLimits, rules: Allowlist) -> DoctorReport:
+    """A pickle file SB3 writes besides model zips (``vecnormalize.pkl``, a replay buffer): its globals only."""
+    size = path.stat().st_size
+    if size > limits.entry:
+        raise UnreadableModelError(
+            f"{path}: a pickle of {size / 2**20:.1f} MiB, beyond the limit of {limits.entry / 2**20:.1f} MiB per "
+            "entry (--max-entry-mb raises it)"
+        )
+    pickles = PickleReport()
+    scan_pickle_file(path.read_bytes(), path.name, rules, limits, pickles)
+    if pickles.problems and not pickles.findings:
+        raise UnreadableModelError(f"{path}: {pickles.problems[0].removeprefix(f'{path.name}: ')}")
+    return DoctorReport(str(path), unsafe=pickles.findings, tensors_checked=False, pickle_only=True)
 
 
 def _parse_data(raw: bytes) -> dict[str, Any]:
@@ -157,8 +189,10 @@ def diagnose(
     """
     path = Path(path)
     limits = limits or SizeLimits()
-    data_raw, torch_entries = _read_entries(path, limits)
     rules = Allowlist(trusted_modules)
+    if path.is_file() and _is_pickle_file(path):
+        return _diagnose_pickle(path, limits, rules)
+    data_raw, torch_entries = _read_entries(path, limits)
     pickles = PickleReport()
     with _in_file(path):
         data = _parse_data(data_raw)
@@ -188,7 +222,11 @@ def diagnose(
 
 
 def _pickles_of(path: Path, entry: str, limits: SizeLimits) -> list[tuple[str, io.BytesIO]]:
-    """The pickles of one entry (``data[KEY]`` or a ``.pth`` name), as binary files."""
+    """The pickles of one entry (``data[KEY]`` or a ``.pth`` name), as binary files; of a pickle file, itself."""
+    if path.is_file() and _is_pickle_file(path):
+        if path.stat().st_size > limits.entry:
+            raise UnreadableModelError(f"{path}: beyond the limit of {limits.entry / 2**20:.1f} MiB per entry")
+        return [(path.name, io.BytesIO(path.read_bytes()))]
     data_raw, torch_entries = _read_entries(path, limits)
     with _in_file(path):
         item = re.fullmatch(r"""data\[["']?(.*?)["']?\]""", entry)
@@ -273,7 +311,7 @@ def run_doctor(
         if dis is not None:
             return EXIT_HEALTHY
     except Exception as error:  # a file no check above foresaw: still one line, never a traceback
-        message = (str(error).strip().splitlines() or [""])[0]
+        message = printable((str(error).strip().splitlines() or [""])[0])
         print(
             f"sb3-safe doctor: error: {path}: cannot read it (an error in doctor, please report it: "
             f"{type(error).__name__}: {message})",

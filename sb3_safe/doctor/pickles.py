@@ -20,7 +20,7 @@ from typing import Any
 
 from sb3_safe.doctor.allowlist import Allowlist
 from sb3_safe.doctor.archive import SizeLimits, UnreadableModelError, open_archive, read_entry
-from sb3_safe.doctor.scan import Finding, PickleScan, scan_pickle
+from sb3_safe.doctor.scan import Finding, PickleScan, printable, scan_pickle
 
 #: torch's legacy format: magic number, protocol, system info, the object, the storage keys
 _LEGACY_PICKLES = 5
@@ -48,13 +48,13 @@ class PickleReport:
         """Add one scan's findings and problem; whether it had any."""
         self.findings += scan.findings
         if scan.error is not None:
-            self.problems.append(f"{scan.entry}: not a valid pickle ({scan.error})")
+            self.problems.append(printable(f"{scan.entry}: not a valid pickle ({scan.error})"))
         return bool(scan.findings) or scan.error is not None
 
 
 def data_item_entry(key: str) -> str:
     """How the report names a data item."""
-    return f'data["{key}"]'
+    return printable(f'data["{key}"]')
 
 
 def data_pickles(data: dict[str, Any]) -> dict[str, bytes]:
@@ -86,6 +86,13 @@ def scan_data(pickles: dict[str, bytes], rules: Allowlist, limits: SizeLimits, r
         report.scans[key] = scan
         report.add(scan)
         _scan_nested(scan, rules, limits, report, depth=1)
+
+
+def scan_pickle_file(raw: bytes, entry: str, rules: Allowlist, limits: SizeLimits, report: PickleReport) -> None:
+    """Scan a pickle file (``vecnormalize.pkl``, a replay buffer: loaded with a full unpickler) into ``report``."""
+    scan = scan_pickle(raw, entry, rules)
+    report.add(scan)
+    _scan_nested(scan, rules, limits, report, depth=1)
 
 
 def scan_torch_entry(raw: bytes, entry: str, rules: Allowlist, limits: SizeLimits, report: PickleReport) -> None:

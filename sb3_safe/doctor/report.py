@@ -52,6 +52,8 @@ class DoctorReport:
     :param unsafe: what loading the file would run beyond what SB3 model files need (named globals)
     :param unchecked: the parts not checked because they are unsafe or unreadable (one line each)
     :param tensors_checked: whether the tensors were read (not when ``policy.pth`` itself is unsafe)
+    :param pickle_only: the file is a pickle, not a model zip (VecNormalize's statistics, a replay buffer): only its
+        globals are checked
     :param n_tensors: number of floating-point tensors checked (parameters, optimizer state, variables)
     :param n_values: number of values in them
     :param nonfinite: the tensors holding NaN or inf
@@ -69,6 +71,7 @@ class DoctorReport:
     unsafe: list[Finding] = field(default_factory=list)
     unchecked: list[str] = field(default_factory=list)
     tensors_checked: bool = True
+    pickle_only: bool = False
     n_tensors: int = 0
     n_values: int = 0
     nonfinite: list[NonFiniteTensor] = field(default_factory=list)
@@ -81,6 +84,8 @@ class DoctorReport:
 
     @property
     def healthy(self) -> bool:
+        if self.pickle_only:
+            return not self.unsafe
         return not self.unsafe and self.tensors_checked and not self.nonfinite and not self.beyond_limits
 
     def to_dict(self) -> dict[str, Any]:
@@ -96,6 +101,7 @@ class DoctorReport:
             ],
             "unchecked": self.unchecked,
             "tensors_checked": self.tensors_checked,
+            "pickle_only": self.pickle_only,
             "n_tensors": self.n_tensors,
             "n_values": self.n_values,
             "nonfinite": [vars(bad) for bad in self.nonfinite],
@@ -119,6 +125,8 @@ class DoctorReport:
             )
             if part
         )
+        if self.pickle_only:
+            about = "a pickle, not a model zip: VecNormalize's statistics or a replay buffer"
         lines = [f"{self.path}" + (f" ({about})" if about else "")]
         if self.unsafe:
             lines.append(
@@ -131,6 +139,11 @@ class DoctorReport:
                 f"{self.path} (pickletools), or fickling. A class of your own: --trust MODULE."
             )
         lines += [f"Not checked: {part}" for part in self.unchecked]
+        if self.pickle_only and not self.unsafe:
+            lines.append(
+                "Healthy: the pickle names only what SB3 files hold (its values are not checked for NaN: that needs "
+                "unpickling it)."
+            )
         if not self.tensors_checked:
             return "\n".join(lines)
         if self.healthy:

@@ -25,6 +25,18 @@ _PUT_OPCODES = frozenset({"PUT", "BINPUT", "LONG_BINPUT"})
 _MUTATING_OPCODES = {"APPEND": 2, "APPENDS": None, "SETITEM": 3, "SETITEMS": None, "ADDITEMS": None}
 
 
+#: Most opcodes read from one pickle: a real one has at most a few million (torch's pickle of 100,000 tensors);
+#: beyond, the scan stops and the file is not reported healthy
+MAX_OPCODES = 10_000_000
+#: Most values of a call's arguments searched for globals (a real call has a handful)
+_MAX_ARGUMENT_VALUES = 10_000
+
+
+def printable(text: str) -> str:
+    """``text`` with control characters escaped: names from a file must not move the terminal's cursor or add lines."""
+    return text if text.isprintable() else text.encode("unicode_escape").decode("ascii")
+
+
 @dataclass(frozen=True)
 class PickleGlobal:
     """
@@ -75,6 +87,11 @@ class Finding:
     target: str
     detail: str
     builds_code: bool = False
+
+    def __post_init__(self) -> None:
+        # The names come from the file
+        for name in ("entry", "target", "detail"):
+            object.__setattr__(self, name, printable(getattr(self, name)))
 
     def __str__(self) -> str:
         return f"{self.entry}: loading this file would run code from {self.target} ({self.detail})"
@@ -289,8 +306,13 @@ class _Machine:
 def _globals_in(value: Any) -> Iterator[PickleGlobal]:
     """The globals in a call's arguments, in tuples too (without recursion: a pickle can nest tuples deeply)."""
     pending = [value]
+    seen = 0
     while pending:
         item = pending.pop()
+        seen += 1
+        if seen > _MAX_ARGUMENT_VALUES:
+            # A pickle can hand one huge tuple (from the memo) to each of many calls
+            raise _MalformedPickle(f"a call with more than {_MAX_ARGUMENT_VALUES} argument values, not checked")
         if isinstance(item, PickleGlobal):
             yield item
         elif isinstance(item, tuple):
@@ -312,7 +334,9 @@ def scan_pickle(data: bytes | IO[bytes], entry: str, rules: ScanRules) -> Pickle
     machine = _Machine(scan, rules)
     stopped = False
     try:
-        for opcode, arg, position in pickletools.genops(data):
+        for count, (opcode, arg, position) in enumerate(pickletools.genops(data)):
+            if count >= MAX_OPCODES:
+                raise _MalformedPickle(f"more than {MAX_OPCODES} opcodes, beyond what doctor reads (from byte {position})")
             try:
                 machine.step(opcode, arg)
             except _MalformedPickle as error:

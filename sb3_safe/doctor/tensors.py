@@ -13,6 +13,7 @@ import torch as th
 from sb3_safe.common.numerics import find_nonfinite
 from sb3_safe.doctor.archive import UnreadableModelError
 from sb3_safe.doctor.report import WEIGHT_LIMIT, BeyondLimit, DoctorReport
+from sb3_safe.doctor.scan import printable
 
 #: The entries SB3 reads as pytorch variables ("tensors.pth": SB3 before 0.9)
 VARIABLE_ENTRIES = ("pytorch_variables.pth", "tensors.pth")
@@ -27,7 +28,7 @@ def load_torch_entry(raw: bytes, entry: str) -> Any:
     try:
         return th.load(io.BytesIO(raw), map_location="cpu", weights_only=True)
     except Exception as error:  # torch raises many types for a damaged file
-        message = (str(error).strip().splitlines() or [""])[0]
+        message = printable((str(error).strip().splitlines() or [""])[0])
         raise UnreadableModelError(f"{entry}: cannot load its tensors ({type(error).__name__}: {message})") from None
 
 
@@ -79,7 +80,8 @@ def named_tensors(params: dict[str, dict[str, Any]], variables: dict[str, Any]) 
         else:
             named += [(f"{dict_name}.{key}", value) for key, value in state_dict.items()]
     named += [(str(name), value) for name, value in variables.items()]
-    return [(name, value) for name, value in named if _is_dense_float(value)]
+    # The names come from the file
+    return [(printable(name), value) for name, value in named if _is_dense_float(value)]
 
 
 def check_sizes(sources: dict[str, dict[str, Any]], max_total: int) -> None:
@@ -107,7 +109,7 @@ def check_sizes(sources: dict[str, dict[str, Any]], max_total: int) -> None:
             stored = tensor.untyped_storage().nbytes()
             if tensor.numel() > 0 and size > stored:
                 raise UnreadableModelError(
-                    f"{entry}: tensor {key} has {tensor.numel()} values over a storage of {stored} bytes "
+                    f"{entry}: tensor {printable(str(key))} has {tensor.numel()} values over a storage of {stored} bytes "
                     "(overlapping views, which SB3 never saves)"
                 )
             total += size
@@ -190,7 +192,7 @@ def check_tensors(
     report.nonfinite = find_nonfinite(named)
 
     policy = [
-        (f"policy.{key}", tensor)
+        (printable(f"policy.{key}"), tensor)
         for key, tensor in params.get("policy", {}).items()
         if _is_dense_float(tensor) and tensor.numel() > 0
     ]
