@@ -11,7 +11,7 @@ import gymnasium as gym
 import numpy as np
 
 from benchmarks.configs import MACHINE_SCHEDULING, ZooConfig, machine_scheduling_env
-from benchmarks.variants import Variant, build_model, make_guard
+from benchmarks.variants import Variant, build_model, make_adaptive_lr, make_guard
 
 
 def make_env(
@@ -172,9 +172,10 @@ def train(
     if prepare is not None:
         prepare(model)
     guard = make_guard(variant)
+    adaptive_lr = make_adaptive_lr(variant)
     curve_callback = episode_curve_callback() if curve else None
     masked = masked_actions_callback() if variant.algo == "MaskablePPO" else None
-    callbacks = [cb for cb in (guard, curve_callback, masked) if cb is not None]
+    callbacks = [cb for cb in (curve_callback, masked, guard, adaptive_lr) if cb is not None]
     error = None
     wall, cpu = time.perf_counter(), time.process_time()
     try:
@@ -209,11 +210,19 @@ def train(
         log_std_collapsed=log_std_collapsed(model),
         log_std_max=log_std_max(model),
         masked_actions=None if masked is None else masked.count,
+        redone_updates=None if adaptive_lr is None else adaptive_lr.redone_updates,
+        final_learning_rate=final_learning_rate(model),
     )
     if curve_callback is not None:
         row["curve"] = curve_callback.points
     env.close()
     return row
+
+
+def final_learning_rate(model: Any) -> float | None:
+    """The learning rate the next update would use (after any adaptation or rollback), None if none is defined."""
+    schedule = getattr(model, "lr_schedule", None)
+    return None if schedule is None else float(schedule(model._current_progress_remaining))
 
 
 def _first_line(exc: Exception) -> str:

@@ -23,6 +23,9 @@ class Variant:
     :param foreach: stock algorithm and policy, but the optimizer steps with ``foreach=True`` as sb3-safe's
         policies do (same values; isolates the cost of the safety from the optimizer's speed-up)
     :param log_std_low: lower bound of the safe policy's ``log_std_range`` (upper bound the default), None: default
+    :param adaptive_lr: with :class:`~sb3_safe.KLAdaptiveLRCallback` (its defaults) ("+KL-lr" in a name)
+    :param target_kl: SB3's ``target_kl`` early stopping of PPO's epochs ("(target_kl=...)" in a name)
+    :param sbx_lr: SBX's per-minibatch adaptive learning rate (:class:`benchmarks.peers.SBXAdaptiveLR`, "+SBX-lr")
     """
 
     name: str
@@ -31,6 +34,9 @@ class Variant:
     guard: str | None = None
     foreach: bool = False
     log_std_low: float | None = None
+    adaptive_lr: bool = False
+    target_kl: float | None = None
+    sbx_lr: bool = False
 
 
 #: Off-policy algorithms timed with and without the guard (SB3's SAC, TD3, DQN)
@@ -67,6 +73,26 @@ VARIANTS = {
         Variant("MaskablePPO(foreach)", "MaskablePPO", foreach=True),
         Variant("MaskablePPO+SafeMaskableMlpPolicy", "MaskablePPO", safe_policy=True),
         Variant("MaskablePPO+SafeMaskableMlpPolicy+guard", "MaskablePPO", safe_policy=True, guard="rollback"),
+        # The train-through map (robustness): peers' learning-rate controllers and sb3-safe's adaptive learning rate
+        Variant("PPO(target_kl=0.01)", "PPO", target_kl=0.01),
+        Variant("PPO+SBX-lr", "PPO", sbx_lr=True),
+        Variant("PPO+SafeMlpPolicy+guard+KL-lr", "PPO", safe_policy=True, guard="rollback", adaptive_lr=True),
+        Variant("KLAdaptivePPO+guard+KL-lr", "KLAdaptivePPO", guard="rollback", adaptive_lr=True),
+        Variant("A2C+SafeMlpPolicy+guard", "A2C", safe_policy=True, guard="rollback"),
+        Variant("A2C+SafeMlpPolicy+guard+KL-lr", "A2C", safe_policy=True, guard="rollback", adaptive_lr=True),
+        Variant("SafeA2C+guard+KL-lr", "SafeA2C", guard="rollback", adaptive_lr=True),
+        Variant("RecurrentPPO(target_kl=0.01)", "RecurrentPPO", target_kl=0.01),
+        Variant(
+            "RecurrentPPO+SafeMlpLstmPolicy+guard+KL-lr", "RecurrentPPO", safe_policy=True, guard="rollback", adaptive_lr=True
+        ),
+        Variant("MaskablePPO(target_kl=0.01)", "MaskablePPO", target_kl=0.01),
+        Variant(
+            "MaskablePPO+SafeMaskableMlpPolicy+guard+KL-lr",
+            "MaskablePPO",
+            safe_policy=True,
+            guard="rollback",
+            adaptive_lr=True,
+        ),
         # Off-policy algorithms have no safe policy or algorithm here: the guard is what sb3-safe adds to them
         *(
             Variant(f"{algo}{suffix}", algo, guard=guard)
@@ -111,12 +137,25 @@ def build_model(variant: Variant, env: Any, seed: int, kwargs: dict[str, Any]) -
     if variant.log_std_low is not None:
         log_std_range = (variant.log_std_low, DEFAULT_LOG_STD_RANGE[1])
         kwargs = {**kwargs, "policy_kwargs": {**kwargs.get("policy_kwargs", {}), "log_std_range": log_std_range}}
+    if variant.target_kl is not None:
+        kwargs = {**kwargs, "target_kl": variant.target_kl}
     model = classes[variant.algo](policy, env, seed=seed, device="cpu", verbose=0, **kwargs)
+    if variant.sbx_lr:
+        from benchmarks.peers import SBXAdaptiveLR
+
+        SBXAdaptiveLR(model)
     if variant.foreach:
         # Set on the built optimizer: passing optimizer_kwargs would replace A2C's RMSprop settings
         for group in model.policy.optimizer.param_groups:
             group["foreach"] = True
     return model
+
+
+def make_adaptive_lr(variant: Variant) -> Any:
+    """A fresh :class:`~sb3_safe.KLAdaptiveLRCallback` (its defaults) for the variant, or None."""
+    from sb3_safe import KLAdaptiveLRCallback
+
+    return KLAdaptiveLRCallback() if variant.adaptive_lr else None
 
 
 def make_guard(variant: Variant) -> Any:

@@ -3,7 +3,12 @@
 from pathlib import Path
 
 from sb3_safe.a2c_safe import SafeA2C
-from sb3_safe.common.callbacks import NonFiniteGuardCallback, NonFiniteGuardWarning, NumericsMonitorCallback
+from sb3_safe.common.callbacks import (
+    KLAdaptiveLRCallback,
+    NonFiniteGuardCallback,
+    NonFiniteGuardWarning,
+    NumericsMonitorCallback,
+)
 from sb3_safe.common.exploration import ExplorationWarning
 from sb3_safe.common.maskable import (
     SafeMaskableActorCriticPolicy,
@@ -25,6 +30,7 @@ __version__ = (Path(__file__).parent / "version.txt").read_text(encoding="utf-8"
 
 __all__ = [
     "ExplorationWarning",
+    "KLAdaptiveLRCallback",
     "KLAdaptivePPO",
     "NonFiniteError",
     "NonFiniteGuardCallback",

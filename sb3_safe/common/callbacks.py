@@ -1,8 +1,9 @@
 """
 The callbacks users import: :class:`NonFiniteGuardCallback`, which detects, explains and recovers from NaN / inf in
-the training of any SB3 model, and :class:`NumericsMonitorCallback`, which logs the numbers that announce a
-divergence. The guard composes the parts of :mod:`sb3_safe.common.guard`, whose docstring walks through one
-optimizer step and one rollback.
+the training of any SB3 model, :class:`NumericsMonitorCallback`, which logs the numbers that announce a
+divergence, and :class:`~sb3_safe.common.adaptive_lr.KLAdaptiveLRCallback`, a KL trust-region learning rate. The
+guard composes the parts of :mod:`sb3_safe.common.guard`, whose docstring walks through one optimizer step and one
+rollback.
 """
 
 import math
@@ -10,8 +11,10 @@ from typing import Any
 
 import torch as th
 from stable_baselines3.common.callbacks import BaseCallback
+from stable_baselines3.common.off_policy_algorithm import OffPolicyAlgorithm
 from torch.utils.hooks import RemovableHandle
 
+from sb3_safe.common.adaptive_lr import KLAdaptiveLRCallback
 from sb3_safe.common.exploration import DEFAULT_PATIENCE, ExplorationWatch, shared_watch
 from sb3_safe.common.guard import report
 from sb3_safe.common.guard.cadence import READ_ONLY_CALLBACKS, FullCheckCadence, other_callbacks_may_write
@@ -41,6 +44,7 @@ __all__ = [
     "ROLLBACKS_ATTRIBUTE",
     "ROLLOUT",
     "GuardEvent",
+    "KLAdaptiveLRCallback",
     "NonFiniteGuardCallback",
     "NonFiniteGuardWarning",
     "NumericsMonitorCallback",
@@ -176,6 +180,10 @@ class NonFiniteGuardCallback(BaseCallback):
             # The environment's fault, not the model's: keep the model as the healthy state a stop saves
             self._check_model("at the start of learn()", report=False)
             self._handle(self._locator.in_first_observation(first_obs))
+        if self._stopping:
+            # No env step comes before the first rollout's forward pass, which would use what was found
+            off_policy = isinstance(self.model, OffPolicyAlgorithm)
+            setattr(self.model, "collect_rollouts", EndCollection(off_policy))  # noqa: B010  (BaseAlgorithm has none)
         self.exploration.after_update(self.model)
 
     def _on_rollout_start(self) -> None:
@@ -295,9 +303,6 @@ class NonFiniteGuardCallback(BaseCallback):
             raise NonFiniteError(event.message)
         if event.action == "stop":
             self.stop_reason = event.message
-            # Found outside an env step, the stop cannot return False from on_step: end learn() before the next
-            # rollout, whose first forward pass would use what was found
-            setattr(self.model, "collect_rollouts", EndCollection(self.model))  # noqa: B010  (not every BaseAlgorithm has one)
 
     @property
     def vec_normalize_path(self) -> str | None:
@@ -362,3 +367,5 @@ class NumericsMonitorCallback(BaseCallback):
 
 # Neither writes into the model: another guard or a monitor in the same learn() needs no re-reads of the model
 READ_ONLY_CALLBACKS.update({NonFiniteGuardCallback, NumericsMonitorCallback})
+# It writes into the model only to undo an update, back to a state that was checked finite
+READ_ONLY_CALLBACKS.add(KLAdaptiveLRCallback)

@@ -1,9 +1,12 @@
 """
-Learning-rate schedule scaling, used by :class:`~sb3_safe.common.callbacks.NonFiniteGuardCallback` at each rollback.
+Learning-rate schedule scaling: one scale on the model's schedule, which
+:class:`~sb3_safe.common.adaptive_lr.KLAdaptiveLRCallback` adapts after each update and
+:class:`~sb3_safe.common.callbacks.NonFiniteGuardCallback` lowers at each rollback.
 
-SB3 sets the optimizer learning rate from ``model.lr_schedule`` at every ``train()``, so a learning rate lowered in
+SB3 sets the optimizer learning rate from ``model.lr_schedule`` at every ``train()``, so a learning rate changed in
 the optimizers alone lasts until the next update. :func:`scale_learning_rate` scales the schedule itself, the
-learning rate ``load()`` rebuilds the schedule from, and the optimizers (for the rest of the current update).
+learning rate ``load()`` rebuilds the schedule from (so the scale is saved with the model), and the optimizers (for
+the rest of the current update).
 """
 
 from collections.abc import Iterable
@@ -44,9 +47,17 @@ def scale_schedule(schedule: Schedule | float, factor: float) -> ScaledSchedule:
     :param schedule: the schedule (or constant) to scale; left unchanged, as other objects may refer to it
     :param factor: the factor
     """
-    if isinstance(schedule, ScaledSchedule):
-        return ScaledSchedule(schedule.schedule, schedule.scale * factor)
+    scaled = _scaled(schedule)
+    if scaled is not None:
+        return ScaledSchedule(scaled.schedule, scaled.scale * factor)
     return ScaledSchedule(schedule, factor)
+
+
+def _scaled(schedule: Schedule | float) -> ScaledSchedule | None:
+    """The ScaledSchedule ``schedule`` is, or wraps (``load()`` rebuilds ``lr_schedule`` as a FloatSchedule of it)."""
+    if isinstance(schedule, FloatSchedule):
+        schedule = schedule.value_schedule
+    return schedule if isinstance(schedule, ScaledSchedule) else None
 
 
 def scale_learning_rate(model: BaseAlgorithm, optimizers: Iterable[th.optim.Optimizer], factor: float) -> None:
@@ -64,3 +75,22 @@ def scale_learning_rate(model: BaseAlgorithm, optimizers: Iterable[th.optim.Opti
     for optimizer in optimizers:
         for group in optimizer.param_groups:
             group["lr"] *= factor
+
+
+def learning_rate_scale(model: BaseAlgorithm) -> float:
+    """
+    The factor sb3-safe's scalings have applied to the model's learning-rate schedule so far (1.0 if none).
+
+    :param model: the algorithm
+    """
+    scaled = _scaled(model.lr_schedule)
+    return 1.0 if scaled is None else scaled.scale
+
+
+def current_learning_rate(model: BaseAlgorithm) -> float:
+    """
+    The learning rate the next ``train()`` will set: the (scaled) schedule at the current progress.
+
+    :param model: the algorithm
+    """
+    return float(model.lr_schedule(model._current_progress_remaining))

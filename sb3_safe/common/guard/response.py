@@ -7,13 +7,12 @@ from typing import Any, Literal, get_args
 
 import numpy as np
 from stable_baselines3.common.base_class import BaseAlgorithm
-from stable_baselines3.common.off_policy_algorithm import OffPolicyAlgorithm
 from stable_baselines3.common.type_aliases import RolloutReturn
 
 from sb3_safe.common.guard.locate import ENVIRONMENT, MODEL, NORMALIZATION
 from sb3_safe.common.guard.snapshot import SnapshotStore
 from sb3_safe.common.guard.watch import WatchedModel
-from sb3_safe.common.schedules import scale_learning_rate
+from sb3_safe.common.schedules import learning_rate_scale, scale_learning_rate
 
 #: What the guard does on a non-finite value
 OnNonFinite = Literal["raise", "stop", "rollback"]
@@ -141,10 +140,13 @@ class Response:
         self.snapshots.restore()
         self.n_rollbacks += 1
         setattr(self.model, ROLLBACKS_ATTRIBUTE, self.n_rollbacks)
-        scale_learning_rate(self.model, (optimizer for _, optimizer in self.watched.optimizers), self.lr_decay)
+        # At most the healthy state's learning rate (an adaptive learning rate may have raised it since), times
+        # lr_decay; never above the current one, so that rollbacks to one snapshot compound
+        factor = min(1.0, healthy.lr_scale / learning_rate_scale(self.model)) * self.lr_decay
+        scale_learning_rate(self.model, (optimizer for _, optimizer in self.watched.optimizers), factor)
         return (
             f"Rolled back to the state of timestep {healthy.timestep} and multiplied the learning rate by "
-            f"{self.lr_decay} (rollback {self.n_rollbacks} of at most {self.max_rollbacks})."
+            f"{factor:.4g} (rollback {self.n_rollbacks} of at most {self.max_rollbacks})."
         )
 
     def _stop(self, reason: str) -> str:
@@ -177,19 +179,19 @@ class Response:
 class EndCollection:
     """
     Stands in for ``model.collect_rollouts`` (an instance attribute, removed at the end of ``learn()``) once a stop was
-    decided outside an env step: SB3's ``learn()`` then ends before the next rollout, as when ``on_step`` returns
-    False, without the forward pass that would use the bad value (the first observation, say).
+    decided at the start of ``learn()``: SB3's ``learn()`` then ends before its first rollout, as when ``on_step``
+    returns False, without the forward pass that would use the bad value (the first observation, or a model that was
+    broken before ``learn()``). Later stops need none: the next env step returns False, and the forward pass before
+    it uses the restored healthy model.
 
-    :param model: the algorithm
+    :param off_policy: whether the algorithm is off-policy (its ``collect_rollouts`` returns a ``RolloutReturn``)
     """
 
-    def __init__(self, model: BaseAlgorithm) -> None:
-        self.model = model
+    def __init__(self, off_policy: bool) -> None:
+        self.off_policy = off_policy
 
     def __call__(self, *args: Any, **kwargs: Any) -> bool | RolloutReturn:
-        if isinstance(self.model, OffPolicyAlgorithm):
-            return RolloutReturn(0, 0, continue_training=False)
-        return False
+        return RolloutReturn(0, 0, continue_training=False) if self.off_policy else False
 
 
 def renormalize_step(venv: Any, new_obs: np.ndarray | dict[str, np.ndarray], rewards: np.ndarray) -> None:

@@ -16,6 +16,7 @@ from stable_baselines3.common.running_mean_std import RunningMeanStd
 
 from sb3_safe.common.guard.watch import WatchedModel
 from sb3_safe.common.numerics import FlatCopy
+from sb3_safe.common.schedules import learning_rate_scale
 
 
 def _copy_obs_rms(obs_rms: RunningMeanStd | dict[str, RunningMeanStd]) -> RunningMeanStd | dict[str, RunningMeanStd]:
@@ -42,6 +43,8 @@ class Snapshot:
     timestep: int = 0
     grad_norm: float | None = None
     attributes: dict[str, Any] = field(default_factory=dict)
+    #: the learning-rate schedule's scale (see :mod:`sb3_safe.common.schedules`) when the snapshot was taken
+    lr_scale: float = 1.0
 
     def capture(self, model: BaseAlgorithm, watched: WatchedModel, restorable: bool = True) -> None:
         """
@@ -55,6 +58,7 @@ class Snapshot:
         self.grad_norm = watched.gradient_norm()
         if not restorable:
             return
+        self.lr_scale = learning_rate_scale(model)
         self.optimizer_states = [
             {param: dict(state) for param, state in optimizer.state.items()} for _, optimizer in watched.optimizers
         ]

@@ -1,0 +1,306 @@
+"""
+A KL trust-region learning rate for any on-policy algorithm: :class:`KLAdaptiveLRCallback`.
+
+The rule shared by rsl_rl, SBX, rl_games and skrl (divide the learning rate by 1.5 when the KL is above twice the
+target, multiply it by 1.5 below half the target, clip it to [1e-5, 1e-2]) is applied here to the exact mean
+``KL(pi_old || pi_new)`` over the whole rollout after each update (:mod:`sb3_safe.common.rollout_kl`), not to a
+minibatch's ratio before its own step (which is 1, so its KL is ~0 and pushes the learning rate up on noise); its
+step comes from the measured ratio rather than a fixed 1.5; and an update whose KL overshoots a hard bound is undone
+(the parameters, optimizer state and ``rollback_attributes`` restored from a snapshot) and redone on the same rollout
+at a lower learning rate: a trust region for algorithms that have none.
+"""
+
+import math
+from dataclasses import dataclass
+from typing import Any, cast
+
+import torch as th
+from sb3_contrib import TRPO
+from stable_baselines3 import A2C
+from stable_baselines3.common.callbacks import BaseCallback
+from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
+
+from sb3_safe.common.guard.snapshot import SnapshotStore
+from sb3_safe.common.guard.watch import WatchedModel
+from sb3_safe.common.rollout_kl import Rollout, mean_kl, old_distribution_params
+from sb3_safe.common.schedules import current_learning_rate, learning_rate_scale, scale_learning_rate
+
+#: The anchors' bounds on the learning rate (rsl_rl, SBX), for Adam / RMSprop on normalized inputs
+DEFAULT_LR_BOUNDS = (1e-5, 1e-2)
+
+
+def _check_positive(name: str, value: float, above: float = 0.0) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not above < value < math.inf:
+        raise ValueError(f"{name} must be a finite number > {above:g}, got {value!r}")
+    return float(value)
+
+
+def learning_rate_factor(kl: float, target: float, tolerance: float, max_step: float) -> float:
+    """
+    The factor the learning rate is multiplied by after an update with mean KL ``kl``.
+
+    Inside ``[target / tolerance, target * tolerance]``: 1 (no change on noise); outside: ``sqrt(target / kl)``,
+    the factor that meets the target where the KL grows like the square of the learning rate (small updates),
+    limited to ``[1 / max_step, max_step]``. A KL of 0 (the update changed nothing: every step skipped, a zero
+    learning rate) or a non-finite one says nothing about the learning rate: 1.
+
+    :param kl: mean KL(pi_old || pi_new) of the update
+    :param target: the KL aimed at
+    :param tolerance: > 1
+    :param max_step: largest change per update, > 1
+    """
+    if not math.isfinite(kl) or kl <= 0.0 or target / tolerance <= kl <= target * tolerance:
+        return 1.0
+    return min(max(math.sqrt(target / kl), 1.0 / max_step), max_step)
+
+
+@dataclass(frozen=True)
+class KLTargets:
+    """
+    The defaults of one kind of algorithm, measured at rl-zoo's tuned settings
+    (``benchmarks/results/adaptive_lr.md``).
+
+    :param target_kl: mean KL per update aimed at
+    :param undo_above: an update whose KL exceeds this multiple of ``target_kl`` is undone and redone
+    """
+
+    target_kl: float
+    undo_above: float
+
+
+#: PPO-style algorithms (many minibatch steps per update, clipped): rl-zoo's tuned Pendulum-v1 PPO updates have a
+#: mean KL of 0.033 (10th-90th percentile 0.02-0.06), rsl_rl aims at 0.01 with smaller updates; above 4x the
+#: target an update is far outside what clipping alone lets through at a sound learning rate
+PPO_STYLE = KLTargets(target_kl=0.03, undo_above=4.0)
+#: A2C-style algorithms (one gradient step per update of a few steps): tuned CartPole-v1 A2C updates have a mean KL
+#: of 1e-3, heavy-tailed (median 1.1e-4, 99th percentile 1.7e-2): the undo bound leaves the tail alone
+ONE_STEP = KLTargets(target_kl=1e-3, undo_above=10.0)
+
+
+class KLAdaptiveLRCallback(BaseCallback):
+    """
+    Adapt the learning rate of any on-policy algorithm (PPO, A2C, KLAdaptivePPO, SafeA2C, sb3-contrib's MaskablePPO
+    and RecurrentPPO), with any policy, to the exact KL between the policy before and after each update.
+
+    After each update phase the mean ``KL(pi_old || pi_new)`` over the whole rollout is measured (analytic per
+    distribution family; the estimator for gSDE) on the rollout's own observations, in collection order. Then:
+
+    - if it exceeds ``undo_above * target_kl``, the update is undone (policy, optimizer state and the algorithm's
+      ``rollback_attributes`` restored, as the guard's rollback does) and redone on the same rollout with the
+      learning rate times ``clip(sqrt(target / KL), 0.1, 0.5)``, at most ``max_redos`` times;
+    - once ``window_steps`` environment steps have passed since the last decision, the learning rate is multiplied
+      by :func:`learning_rate_factor` of the mean KL per update over them (PPO's rollouts of 2,048 steps or more:
+      every update; A2C's of 40: every 52 updates, whose single KLs are mostly noise) and kept inside ``lr_bounds``
+      (also before the first update: a configured learning rate above the bounds starts at the upper bound).
+
+    The learning rate lives in one scale of the model's schedule (:mod:`sb3_safe.common.schedules`), which
+    :class:`~sb3_safe.NonFiniteGuardCallback`'s rollbacks lower too: both act on the same learning rate, it is saved
+    with the model (``model.learning_rate``), a rollback brings it back to at most the healthy state's and lowers it
+    by ``lr_decay``, and this callback adapts from there. Logged: ``train/learning_rate`` (SB3's, the learning rate
+    of the kept update), ``train/kl`` (its mean KL), ``train/kl_window`` (the mean KL per update a decision was
+    made on), ``train/lr_scale`` (the schedule's scale) and ``train/redone_updates`` (updates undone and redone so
+    far in this ``learn()``).
+
+    Why this design (``benchmarks/results/robustness.md`` and ``adaptive_lr.md`` measure it): the KL of the whole
+    rollout after the update phase, because a minibatch's KL before its own step is ~0 and one pass over the rollout
+    per epoch would cost about a third of an update; the step from the measured ratio, because the KL grows like the
+    square of the learning rate for small updates, so one step lands near the target where the anchors' fixed 1.5
+    needs many; undoing an update far above the target, because one update at a learning rate 100 times too high
+    can move the policy so far (a KL of 15 on Pendulum-v1; a softmax saturated for good on CartPole-v1) that no
+    later learning rate brings it back; absolute bounds as the anchors', which also catch a configured learning
+    rate far too high before its first update. The defaults per kind of algorithm (:data:`PPO_STYLE`,
+    :data:`ONE_STEP`) are the tuned settings' own KLs: at a sound learning rate the callback changes little.
+
+    Works with the algorithms that take gradient steps on their policy (not TRPO, whose step is a line search in
+    a KL trust region of its own). With KLAdaptivePPO two controllers see one signal: its adaptive penalty
+    coefficient pulls the KL of each update towards ``adaptive_kl_target``, this callback the learning rate towards
+    ``target_kl``; keep ``target_kl`` at or above ``adaptive_kl_target`` (the packaged ``kl_ppo.yml`` uses the
+    measured combination).
+
+    :param target_kl: the mean KL per update aimed at; None: :data:`ONE_STEP`'s for A2C and SafeA2C,
+        :data:`PPO_STYLE`'s for the others
+    :param tolerance: no change while the KL is within a factor ``tolerance`` of ``target_kl``; > 1
+    :param max_step: the learning rate changes by at most this factor per decision; > 1
+    :param undo_above: undo and redo an update whose KL exceeds this multiple of ``target_kl``; None: the kind's
+        default (:data:`PPO_STYLE`, :data:`ONE_STEP`)
+    :param trust_region: False: never undo an update (adapt only)
+    :param max_redos: redos per update at most
+    :param window_steps: least number of environment steps between two decisions on the learning rate
+    :param lr_bounds: ``(lowest, highest)`` learning rate
+    :param verbose: 1: print each redo
+    """
+
+    def __init__(
+        self,
+        target_kl: float | None = None,
+        tolerance: float = 2.0,
+        max_step: float = 2.0,
+        undo_above: float | None = None,
+        trust_region: bool = True,
+        max_redos: int = 3,
+        window_steps: int = 2048,
+        lr_bounds: tuple[float, float] = DEFAULT_LR_BOUNDS,
+        verbose: int = 0,
+    ) -> None:
+        super().__init__(verbose)
+        self.target_kl = None if target_kl is None else _check_positive("target_kl", target_kl)
+        self.tolerance = _check_positive("tolerance", tolerance, above=1.0)
+        self.max_step = _check_positive("max_step", max_step, above=1.0)
+        self.undo_above = None if undo_above is None else _check_positive("undo_above", undo_above, above=1.0)
+        self.trust_region = bool(trust_region)
+        for name, value, least in (("max_redos", max_redos, 0), ("window_steps", window_steps, 1)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ValueError(f"{name} must be an int >= {least}, got {value!r}")
+        self.max_redos = max_redos
+        self.window_steps = window_steps
+        try:
+            low, high = (float(bound) for bound in lr_bounds)
+        except (TypeError, ValueError):
+            raise ValueError(f"lr_bounds must be a pair (lowest, highest) of floats, got {lr_bounds!r}") from None
+        if not 0.0 < low <= high < math.inf:
+            raise ValueError(f"lr_bounds=(lowest, highest) needs 0 < lowest <= highest < inf, got {lr_bounds!r}")
+        self.lr_bounds = (low, high)
+        #: the settings in use in this learn(), defaults resolved for the algorithm
+        self.targets = PPO_STYLE
+        #: updates undone and redone in this learn()
+        self.redone_updates = 0
+        #: (KL of the kept update, learning rate it used), one per update of this learn()
+        self.history: list[tuple[float, float]] = []
+        #: (mean KL per update of the window, factor applied), one per decision of this learn()
+        self.decisions: list[tuple[float, float]] = []
+        self._window: list[float] = []
+        self._window_start = 0
+        self._snapshots: SnapshotStore | None = None
+        self._pending: _PendingUpdate | None = None
+
+    def _on_training_start(self) -> None:
+        model = self.model
+        if not isinstance(model, OnPolicyAlgorithm) or isinstance(model, TRPO):
+            raise TypeError(
+                f"KLAdaptiveLRCallback adapts the learning rate of on-policy algorithms that take gradient steps on "
+                f"their policy (PPO, A2C, KLAdaptivePPO, SafeA2C, MaskablePPO, RecurrentPPO), got {type(model).__name__}"
+            )
+        defaults = ONE_STEP if isinstance(model, A2C) else PPO_STYLE
+        self.targets = KLTargets(
+            target_kl=defaults.target_kl if self.target_kl is None else self.target_kl,
+            undo_above=defaults.undo_above if self.undo_above is None else self.undo_above,
+        )
+        self.redone_updates = 0
+        self.history, self.decisions, self._window = [], [], []
+        self._window_start = model.num_timesteps
+        self._pending = None
+        if self.trust_region:
+            self._snapshots = SnapshotStore(model, WatchedModel(model), restorable=True)
+
+    def _on_step(self) -> bool:
+        return True
+
+    @property
+    def _algorithm(self) -> OnPolicyAlgorithm:
+        """The model, checked to be on-policy at the start of ``learn()``; its policy an actor-critic policy."""
+        return cast(OnPolicyAlgorithm, self.model)
+
+    # SB3 calls train() right after the rollout end and the next rollout starts right after it (or learn() ends):
+    # the update is prepared at the one event and judged at the other
+
+    def _on_rollout_end(self) -> None:
+        model = self._algorithm
+        rollout = Rollout.of(model.rollout_buffer)
+        self._scale_learning_rate(1.0)  # into the bounds
+        self._pending = _PendingUpdate(
+            rollout=rollout,
+            old_params=old_distribution_params(model.policy, rollout),
+            buffer_state=dict(model.rollout_buffer.__dict__),
+            n_updates=model._n_updates,
+            learning_rate=current_learning_rate(model),
+            snapshot=self._take_snapshot(),
+        )
+
+    def _on_rollout_start(self) -> None:
+        self._judge_update()
+
+    def _on_training_end(self) -> None:
+        self._judge_update()
+
+    # ----- one update -----
+
+    def _scale_learning_rate(self, factor: float) -> None:
+        """Multiply the learning rate by ``factor``, keeping it inside ``lr_bounds``."""
+        learning_rate = current_learning_rate(self.model)
+        low, high = self.lr_bounds
+        if learning_rate > 0.0:
+            factor = min(max(factor, low / learning_rate), high / learning_rate)
+        if factor != 1.0:
+            scale_learning_rate(self.model, [self.model.policy.optimizer], factor)
+
+    def _take_snapshot(self) -> SnapshotStore | None:
+        """The state to undo an update to, if the trust region is on and the state is finite (else the guard's job)."""
+        store = self._snapshots
+        if store is None:
+            return None
+        snapshot, finite = store.copy_and_test()
+        if not finite:
+            return None
+        store.commit(snapshot)
+        return store
+
+    def _judge_update(self) -> None:
+        """After ``train()``: measure the KL, undo and redo an overshooting update, adapt the next learning rate."""
+        pending, self._pending = self._pending, None
+        model = self._algorithm
+        if pending is None or model._n_updates == pending.n_updates:
+            return  # no train() since the rollout (learn() ended inside the rollout)
+        kl = mean_kl(model.policy, pending.rollout, pending.old_params)
+        learning_rate = pending.learning_rate
+        target, undo_above = self.targets.target_kl, self.targets.undo_above
+        for _ in range(self.max_redos):
+            if pending.snapshot is None or not kl > undo_above * target:
+                break
+            learning_rate = self._redo(pending, kl)
+            kl = mean_kl(model.policy, pending.rollout, pending.old_params)
+        self.history.append((kl, learning_rate))
+        self.logger.record("train/kl", kl)
+        self._window.append(kl)
+        if model.num_timesteps - self._window_start >= self.window_steps:
+            window_kl = sum(self._window) / len(self._window)
+            factor = learning_rate_factor(window_kl, target, self.tolerance, self.max_step)
+            self.decisions.append((window_kl, factor))
+            self._scale_learning_rate(factor)
+            self.logger.record("train/kl_window", window_kl)
+            self._window, self._window_start = [], model.num_timesteps
+        self.logger.record("train/lr_scale", learning_rate_scale(model))
+        self.logger.record("train/redone_updates", self.redone_updates)
+
+    def _redo(self, pending: "_PendingUpdate", kl: float) -> float:
+        """Undo the update, lower the learning rate, train again on the same rollout; return the new learning rate."""
+        model = self._algorithm
+        assert pending.snapshot is not None
+        pending.snapshot.restore()
+        model._n_updates = pending.n_updates
+        self._scale_learning_rate(min(max(math.sqrt(self.targets.target_kl / kl), 0.1), 0.5))
+        self.redone_updates += 1
+        if self.verbose >= 1:
+            print(f"KLAdaptiveLRCallback: KL {kl:.3g} > {self.targets.undo_above:g} x target: update redone at a lower lr")
+        # The buffer as train() first read it (get() and the next reset() put new arrays in place of these)
+        buffer = model.rollout_buffer
+        current = dict(buffer.__dict__)
+        buffer.__dict__.update(pending.buffer_state)
+        try:
+            model.train()
+        finally:
+            buffer.__dict__.clear()
+            buffer.__dict__.update(current)
+        return current_learning_rate(model)
+
+
+@dataclass
+class _PendingUpdate:
+    """What the judgement of an update needs, taken at the rollout end before it."""
+
+    rollout: Rollout
+    old_params: th.Tensor | None
+    #: the rollout buffer's attributes (array references, position, flags) before train() read it
+    buffer_state: dict[str, Any]
+    n_updates: int
+    learning_rate: float
+    snapshot: SnapshotStore | None

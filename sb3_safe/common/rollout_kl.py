@@ -1,0 +1,163 @@
+"""
+The exact mean ``KL(pi_old || pi)`` over a whole rollout, for any on-policy algorithm and policy: what
+:class:`~sb3_safe.common.adaptive_lr.KLAdaptiveLRCallback` adapts the learning rate on.
+
+A :class:`Rollout` holds the rollout buffer's arrays as they were collected, taken before ``train()``: SB3's
+``RolloutBuffer.get()`` swaps and flattens them into new arrays, and the next rollout's ``reset()`` replaces them, so
+the references keep one copy of the observations (and actions, action masks, LSTM states) in one order, on which
+the old and the new distribution are compared. Nothing is copied.
+
+The old distribution's parameters come from the buffer where it keeps them (:class:`~sb3_safe.common.buffers.
+KLRolloutBuffer`: those of the pass that acted), else from one no-gradient pass before the update. The KL is
+analytic (:func:`~sb3_safe.common.kl.analytic_kl`) where the family has a closed form; otherwise (gSDE) the
+estimator :func:`~sb3_safe.common.kl.approx_kl` at the stored actions, from the stored log-probabilities.
+"""
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch as th
+from gymnasium import spaces
+from stable_baselines3.common.buffers import RolloutBuffer
+from stable_baselines3.common.distributions import Distribution
+from stable_baselines3.common.policies import ActorCriticPolicy
+from stable_baselines3.common.utils import obs_as_tensor
+
+from sb3_safe.common.kl import analytic_kl, approx_kl, distribution_params, has_analytic_kl
+
+#: Samples per no-gradient pass over the rollout
+BATCH_SIZE = 1024
+
+
+def _flat(array: np.ndarray) -> np.ndarray:
+    """``(n_steps, n_envs, ...)`` -> ``(n_steps * n_envs, ...)``: a view of a collected (contiguous) buffer array."""
+    return array.reshape(array.shape[0] * array.shape[1], *array.shape[2:])
+
+
+@dataclass
+class Rollout:
+    """
+    The arrays of one collected rollout, flat, in collection order (step-major), with what a distribution over
+    them needs besides the observations.
+
+    :param observations: ``(n, ...)`` arrays, or a dict of them
+    :param actions: ``(n, action_dim)``
+    :param log_probs: ``(n,)`` log-probabilities of the actions under the collecting policy
+    :param old_params: ``(n, width)`` parameters of the collecting policy's distribution, if the buffer kept them
+    :param action_masks: ``(n, mask_dims)`` (MaskablePPO), else None
+    :param lstm_states: the actor's ``(hidden, cell)`` LSTM states before each step, ``(n_layers, n, hidden)`` each
+        (RecurrentPPO), else None
+    :param episode_starts: ``(n,)`` (RecurrentPPO), else None
+    """
+
+    observations: np.ndarray | dict[str, np.ndarray]
+    actions: np.ndarray
+    log_probs: np.ndarray
+    old_params: np.ndarray | None = None
+    action_masks: np.ndarray | None = None
+    lstm_states: tuple[np.ndarray, np.ndarray] | None = None
+    episode_starts: np.ndarray | None = None
+
+    @classmethod
+    def of(cls, buffer: RolloutBuffer) -> "Rollout":
+        """
+        :param buffer: a full rollout buffer, before ``train()`` reads it (``get()`` has not flattened it)
+        :raises ValueError: if the buffer is not full, or was already flattened
+        """
+        if not buffer.full or buffer.generator_ready:
+            raise ValueError("Rollout.of needs a full rollout buffer that get() has not read yet")
+        observations = buffer.observations
+        flat_obs = {key: _flat(value) for key, value in observations.items()} if isinstance(observations, dict) else None
+        old_params = getattr(buffer, "old_dist_params", None)
+        masks = getattr(buffer, "action_masks", None)
+        hidden = getattr(buffer, "hidden_states_pi", None)
+        lstm_states = None
+        if hidden is not None:
+            # (n_steps, n_layers, n_envs, hidden) -> (n_layers, n_steps * n_envs, hidden): every step a sequence of one
+            lstm_states = tuple(
+                np.swapaxes(states, 0, 1).reshape(states.shape[1], -1, states.shape[3])
+                for states in (hidden, buffer.cell_states_pi)  # type: ignore[attr-defined]
+            )
+        return cls(
+            observations=flat_obs if flat_obs is not None else _flat(observations),
+            actions=_flat(buffer.actions),
+            log_probs=buffer.log_probs.reshape(-1),
+            old_params=_flat(old_params) if isinstance(old_params, np.ndarray) and old_params.shape[-1] > 0 else None,
+            action_masks=_flat(masks) if isinstance(masks, np.ndarray) else None,
+            lstm_states=lstm_states,
+            episode_starts=buffer.episode_starts.reshape(-1) if hidden is not None else None,
+        )
+
+    def __len__(self) -> int:
+        return len(self.actions)
+
+    def batches(self, size: int = BATCH_SIZE) -> Iterator[slice]:
+        """Consecutive slices covering the rollout."""
+        for start in range(0, len(self), size):
+            yield slice(start, min(start + size, len(self)))
+
+
+def distribution(policy: ActorCriticPolicy, rollout: Rollout, batch: slice) -> Distribution:
+    """
+    The policy's action distribution on a slice of the rollout (with its action masks, or its LSTM states).
+
+    :param policy: an SB3 / sb3-contrib actor-critic policy (plain, maskable or recurrent)
+    :param rollout: the rollout
+    :param batch: which samples
+    """
+    device = policy.device
+    if isinstance(rollout.observations, dict):
+        obs: Any = {key: value[batch] for key, value in rollout.observations.items()}
+    else:
+        obs = rollout.observations[batch]
+    obs_tensor = obs_as_tensor(obs, device)
+    if rollout.lstm_states is not None and rollout.episode_starts is not None:
+        states = tuple(th.as_tensor(state[:, batch], device=device).contiguous() for state in rollout.lstm_states)
+        starts = th.as_tensor(rollout.episode_starts[batch], device=device)
+        # sb3-contrib's recurrent policy: (distribution, new LSTM states)
+        recurrent: Any = policy.get_distribution(obs_tensor, states, starts)  # type: ignore[call-arg]
+        return recurrent[0]
+    if rollout.action_masks is not None:
+        return policy.get_distribution(obs_tensor, action_masks=rollout.action_masks[batch])  # type: ignore[call-arg]
+    return policy.get_distribution(obs_tensor)
+
+
+@th.no_grad()
+def old_distribution_params(policy: ActorCriticPolicy, rollout: Rollout) -> th.Tensor | None:
+    """
+    The parameters of the policy's distribution over the rollout (call it before the update): the buffer's own if it
+    kept them, else one no-gradient pass; None for a distribution without an analytic KL.
+
+    :param policy: the policy, as it collected the rollout
+    :param rollout: the rollout
+    """
+    if rollout.old_params is not None:
+        return th.as_tensor(rollout.old_params, device=policy.device)
+    if not has_analytic_kl(policy.action_dist):
+        return None
+    return th.cat([distribution_params(distribution(policy, rollout, batch)) for batch in rollout.batches()])
+
+
+@th.no_grad()
+def mean_kl(policy: ActorCriticPolicy, rollout: Rollout, old_params: th.Tensor | None) -> float:
+    """
+    Mean ``KL(pi_old || pi)`` over the rollout, for the policy as it is now.
+
+    :param policy: the updated policy
+    :param rollout: the rollout the update was computed on
+    :param old_params: :func:`old_distribution_params` before the update; None: the estimator at the stored actions
+    """
+    discrete = isinstance(policy.action_space, spaces.Discrete)
+    total = 0.0
+    for batch in rollout.batches():
+        new = distribution(policy, rollout, batch)
+        if old_params is not None and has_analytic_kl(new):
+            kl = analytic_kl(old_params[batch], new)
+        else:
+            actions = th.as_tensor(rollout.actions[batch], device=policy.device)
+            log_prob = new.log_prob(actions.long().flatten() if discrete else actions)
+            kl = approx_kl(log_prob - th.as_tensor(rollout.log_probs[batch], device=policy.device))
+        total += kl.sum().item()
+    return total / len(rollout)
