@@ -17,7 +17,13 @@ from sb3_safe.common.maskable import (
     SafeMaskableMultiInputPolicy,
 )
 from sb3_safe.common.numerics import NonFiniteError
-from sb3_safe.common.policies import SafeActorCriticPolicy, SafeCnnPolicy, SafeMlpPolicy, SafeMultiInputPolicy
+from sb3_safe.common.policies import (
+    PolicyAlgorithmMismatchError,
+    SafeActorCriticPolicy,
+    SafeCnnPolicy,
+    SafeMlpPolicy,
+    SafeMultiInputPolicy,
+)
 from sb3_safe.common.recurrent import (
     SafeCnnLstmPolicy,
     SafeMlpLstmPolicy,
@@ -36,6 +42,7 @@ __all__ = [
     "NonFiniteGuardCallback",
     "NonFiniteGuardWarning",
     "NumericsMonitorCallback",
+    "PolicyAlgorithmMismatchError",
     "SafeA2C",
     "SafeActorCriticPolicy",
     "SafeCnnLstmPolicy",

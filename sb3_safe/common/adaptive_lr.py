@@ -11,6 +11,8 @@ at a lower learning rate: a trust region for algorithms that have none.
 """
 
 import math
+from collections import deque
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -22,11 +24,22 @@ from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
 
 from sb3_safe.common.guard.snapshot import SnapshotStore
 from sb3_safe.common.guard.watch import WatchedModel
-from sb3_safe.common.rollout_kl import Rollout, mean_kl, old_distribution_params
+from sb3_safe.common.kl import distribution_params, has_analytic_kl
+from sb3_safe.common.numerics import FlatCopy
+from sb3_safe.common.rollout_kl import Rollout, mean_kl, mean_kl_on_batch, old_distribution_params
 from sb3_safe.common.schedules import current_learning_rate, learning_rate_scale, scale_learning_rate
 
 #: The anchors' bounds on the learning rate (rsl_rl, SBX), for Adam / RMSprop on normalized inputs
 DEFAULT_LR_BOUNDS = (1e-5, 1e-2)
+#: A2C-style updates measured: at least one per this many collected samples (a pass costs the same for 5 samples
+#: as for 250: its operations' dispatch); PPO-style updates (a whole epoch loop) are all measured
+MEASURED_SAMPLES = 256
+#: An update whose squared parameter change exceeds this multiple of the recent median (a change 4 times the usual)
+#: is measured too: A2C's gradient norms are heavy-tailed, a learning rate 10 times too high is 100 times this
+UNUSUAL_STEP = 16.0
+#: Recent updates the median is taken over, and the updates measured before screening starts
+SCREENING_WINDOW = 32
+SCREENING_WARM_UP = 8
 
 
 def _check_positive(name: str, value: float, above: float = 0.0) -> float:
@@ -172,6 +185,12 @@ class KLAdaptiveLRCallback(BaseCallback):
         self._window_start = 0
         self._snapshots: SnapshotStore | None = None
         self._pending: _PendingUpdate | None = None
+        self._updates = 0
+        self._measure_every = 1
+        #: squared parameter changes of the recent updates (the screening's reference)
+        self._steps: deque[float] = deque(maxlen=SCREENING_WINDOW)
+        self._parameter_step = ParameterStep([])
+        self._train_batch: TrainBatchRecorder | None = None
 
     def _on_training_start(self) -> None:
         model = self.model
@@ -180,7 +199,8 @@ class KLAdaptiveLRCallback(BaseCallback):
                 f"KLAdaptiveLRCallback adapts the learning rate of on-policy algorithms that take gradient steps on "
                 f"their policy (PPO, A2C, KLAdaptivePPO, SafeA2C, MaskablePPO, RecurrentPPO), got {type(model).__name__}"
             )
-        defaults = ONE_STEP if isinstance(model, A2C) else PPO_STYLE
+        one_step = isinstance(model, A2C)
+        defaults = ONE_STEP if one_step else PPO_STYLE
         self.targets = KLTargets(
             target_kl=defaults.target_kl if self.target_kl is None else self.target_kl,
             undo_above=defaults.undo_above if self.undo_above is None else self.undo_above,
@@ -189,8 +209,17 @@ class KLAdaptiveLRCallback(BaseCallback):
         self.history, self.decisions, self._window = [], [], []
         self._window_start = model.num_timesteps
         self._pending = None
+        self._updates = 0
+        self._steps.clear()
         if self.trust_region:
-            self._snapshots = SnapshotStore(model, WatchedModel(model), restorable=True)
+            self._snapshots = SnapshotStore(model, WatchedModel(model), restorable=True, lean=True)
+        # Screening by parameter change only where not every update is measured
+        self._parameter_step = ParameterStep(model.policy.parameters() if one_step else [])
+        self._train_batch = TrainBatchRecorder(model) if one_step else None
+        # A2C's updates are a few env steps each: one in MEASURED_SAMPLES / rollout size is measured (and every
+        # unusually large one), PPO's every one
+        rollout_size = model.n_steps * model.n_envs
+        self._measure_every = max(1, math.ceil(MEASURED_SAMPLES / rollout_size)) if one_step else 1
 
     def _on_step(self) -> bool:
         return True
@@ -205,11 +234,17 @@ class KLAdaptiveLRCallback(BaseCallback):
 
     def _on_rollout_end(self) -> None:
         model = self._algorithm
-        rollout = Rollout.of(model.rollout_buffer)
         self._scale_learning_rate(1.0)  # into the bounds
+        rollout, old_params = None, None
+        if self._train_batch is None:
+            rollout = Rollout.of(model.rollout_buffer)
+            old_params = old_distribution_params(model.policy, rollout)
+        else:
+            self._train_batch.arm()
+        self._parameter_step.start()
         self._pending = _PendingUpdate(
             rollout=rollout,
-            old_params=old_distribution_params(model.policy, rollout),
+            old_params=old_params,
             buffer_state=dict(model.rollout_buffer.__dict__),
             n_updates=model._n_updates,
             learning_rate=current_learning_rate(model),
@@ -221,6 +256,8 @@ class KLAdaptiveLRCallback(BaseCallback):
 
     def _on_training_end(self) -> None:
         self._judge_update()
+        if self._train_batch is not None:
+            self._train_batch.detach()
 
     # ----- one update -----
 
@@ -244,24 +281,62 @@ class KLAdaptiveLRCallback(BaseCallback):
         store.commit(snapshot)
         return store
 
+    def _measure(self, pending: "_PendingUpdate") -> float | None:
+        """The mean KL of the update just made, or None if it cannot be known (A2C's step was skipped)."""
+        policy = self._algorithm.policy
+        if pending.rollout is not None:
+            return mean_kl(policy, pending.rollout, pending.old_params)
+        assert self._train_batch is not None
+        recorded = self._train_batch.recorded
+        if recorded is None:
+            return None
+        batch, old_params = recorded
+        return mean_kl_on_batch(policy, batch, old_params)
+
+    def _is_due(self, step: float) -> tuple[bool, bool]:
+        """
+        Whether to measure this update, and whether it is a scheduled one: every ``_measure_every``-th is, and (A2C)
+        so is any whose parameter change is unusually large, the screening that keeps the trust region on every update
+        at the cost of one reduction.
+
+        :param step: the update's squared parameter change
+        """
+        recent = sorted(self._steps)
+        scheduled = self._updates % self._measure_every == 0
+        self._updates += 1
+        self._steps.append(step)
+        if scheduled or len(recent) < SCREENING_WARM_UP:
+            return True, scheduled
+        return step > UNUSUAL_STEP * recent[len(recent) // 2], False
+
     def _judge_update(self) -> None:
         """After ``train()``: measure the KL, undo and redo an overshooting update, adapt the next learning rate."""
         pending, self._pending = self._pending, None
         model = self._algorithm
         if pending is None or model._n_updates == pending.n_updates:
             return  # no train() since the rollout (learn() ended inside the rollout)
-        kl = mean_kl(model.policy, pending.rollout, pending.old_params)
+        due, scheduled = self._is_due(self._parameter_step.squared_norm())
+        if not due:
+            return
+        kl = self._measure(pending)
+        if kl is None:
+            return
         learning_rate = pending.learning_rate
         target, undo_above = self.targets.target_kl, self.targets.undo_above
         for _ in range(self.max_redos):
             if pending.snapshot is None or not kl > undo_above * target:
                 break
             learning_rate = self._redo(pending, kl)
-            kl = mean_kl(model.policy, pending.rollout, pending.old_params)
+            kl = self._measure(pending)
+            if kl is None:
+                break
+        if kl is None:
+            return
         self.history.append((kl, learning_rate))
         self.logger.record("train/kl", kl)
-        self._window.append(kl)
-        if model.num_timesteps - self._window_start >= self.window_steps:
+        if scheduled:  # the window's mean is over updates chosen regardless of their size
+            self._window.append(kl)
+        if self._window and model.num_timesteps - self._window_start >= self.window_steps:
             window_kl = sum(self._window) / len(self._window)
             factor = learning_rate_factor(window_kl, target, self.tolerance, self.max_step)
             self.decisions.append((window_kl, factor))
@@ -281,6 +356,8 @@ class KLAdaptiveLRCallback(BaseCallback):
         self.redone_updates += 1
         if self.verbose >= 1:
             print(f"KLAdaptiveLRCallback: KL {kl:.3g} > {self.targets.undo_above:g} x target: update redone at a lower lr")
+        if self._train_batch is not None:
+            self._train_batch.arm()
         # The buffer as train() first read it (get() and the next reset() put new arrays in place of these)
         buffer = model.rollout_buffer
         current = dict(buffer.__dict__)
@@ -293,11 +370,88 @@ class KLAdaptiveLRCallback(BaseCallback):
         return current_learning_rate(model)
 
 
+class ParameterStep:
+    """
+    The squared norm of the change of some parameters since :meth:`start`: a flat copy before the update and one
+    after, subtracted (two operations, where one per small tensor would cost more than A2C's updates can hide).
+
+    :param parameters: the parameters (the policy's)
+    """
+
+    def __init__(self, parameters: Iterable[th.Tensor]) -> None:
+        named = [(str(i), p) for i, p in enumerate(p for p in parameters if p.is_floating_point())]
+        self._copies = (FlatCopy(named), FlatCopy(named)) if named else None
+        self._started = False
+
+    def start(self) -> None:
+        """Remember the parameters as they are now."""
+        if self._copies is not None:
+            self._copies[0].update()
+            self._started = True
+
+    def squared_norm(self) -> float:
+        """:return: the squared L2 norm of their change since :meth:`start` (0 before any)"""
+        if self._copies is None or not self._started:
+            return 0.0
+        before, now = self._copies
+        now.update()
+        return now.squared_distance(before)
+
+
+class TrainBatchRecorder:
+    """
+    For algorithms that take one gradient step on the whole rollout per update (A2C, SafeA2C): the batch ``train()``
+    reads from the rollout buffer and the distribution it computes on it before its step, which is the old
+    distribution on that batch, in that order; the KL then needs one pass after the update, not two.
+
+    The buffer's ``get`` is wrapped (an instance attribute, removed by :meth:`detach`; the rollout buffer is not
+    saved with the model) and the policy optimizer gets a step pre-hook.
+
+    :param model: the algorithm
+    """
+
+    def __init__(self, model: OnPolicyAlgorithm) -> None:
+        self.model = model
+        self.recorded: tuple[Any, th.Tensor | None] | None = None
+        self._armed = False
+        self._batch: Any = None
+        buffer = model.rollout_buffer
+        self._get = buffer.get
+        buffer.get = self._recording_get  # type: ignore[method-assign, assignment]
+        self._hook = model.policy.optimizer.register_step_pre_hook(self._before_step)
+
+    def arm(self) -> None:
+        """Record the next update's first step."""
+        self._armed, self.recorded, self._batch = True, None, None
+
+    def _recording_get(self, batch_size: int | None = None) -> Iterator[Any]:
+        for batch in self._get(batch_size):
+            self._batch = batch
+            yield batch
+
+    def _before_step(self, optimizer: th.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if not self._armed or self._batch is None:
+            return
+        self._armed = False
+        buffer = self.model.rollout_buffer
+        if len(self._batch.actions) != buffer.buffer_size * buffer.n_envs:
+            return  # not the whole rollout: nothing to measure on
+        dist = self.model.policy.action_dist
+        old_params = distribution_params(dist).detach() if has_analytic_kl(dist) else None
+        self.recorded = (self._batch, old_params)
+
+    def detach(self) -> None:
+        """Unwrap the buffer's ``get`` and remove the hook."""
+        self.model.rollout_buffer.__dict__.pop("get", None)
+        self._hook.remove()
+
+
 @dataclass
 class _PendingUpdate:
     """What the judgement of an update needs, taken at the rollout end before it."""
 
-    rollout: Rollout
+    #: the rollout's arrays and the old distribution on them (PPO-style); None: A2C-style (TrainBatchRecorder)
+    rollout: Rollout | None
     old_params: th.Tensor | None
     #: the rollout buffer's attributes (array references, position, flags) before train() read it
     buffer_state: dict[str, Any]

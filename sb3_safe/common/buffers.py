@@ -144,7 +144,12 @@ class KLRolloutBuffer(RolloutBuffer):
 
     def add(self, obs: Any, action: np.ndarray, *args: Any, **kwargs: Any) -> None:
         if self.policy is None:
-            raise RuntimeError(f"{type(self).__name__}.attach_policy(policy) must be called before collecting rollouts")
+            raise RuntimeError(
+                f"{type(self).__name__}.attach_policy(policy) must be called before collecting rollouts: an algorithm "
+                "other than KLAdaptivePPO was given this buffer (a KLAdaptivePPO checkpoint saved before sb3-safe 0.2 "
+                "names it: load it with KLAdaptivePPO.load, or with PPO.load(path, "
+                "custom_objects={'rollout_buffer_class': None}))"
+            )
         if has_analytic_kl(self.policy.action_dist):
             params = self._acting_params(obs, action)
             if params.shape[-1] != self.old_dist_params.shape[-1]:  # first step: the width is known now

@@ -60,20 +60,30 @@ class NonFiniteGuardCallback(BaseCallback):
 
     What is checked, and when:
 
+    - at the start of ``learn()``: the first observation (what ``env.reset()`` returned), before any forward pass
+      uses it, then every tensor that ``model.save()`` would store and the VecNormalize statistics;
+    - at every environment step: the new observations, the final observations of the episodes that ended
+      (``infos[i]["terminal_observation"]``, which ``new_obs`` does not hold: SB3 stores them in replay buffers and
+      bootstraps from them on truncation), rewards, (continuous) actions and the VecNormalize variances, before
+      they are stored or used;
     - after every optimizer step (a step post-hook): the parameters it updated, so a NaN is caught at the
       update that made it, before the next forward pass fails inside torch;
+    - at the start and end of every rollout, when other callbacks run in the same ``learn()`` (the only code that
+      can change a weight outside an optimizer step there): every parameter and buffer the forward passes read,
+      in place, so a weight changed between updates is caught before the next rollout's or ``train()``'s first
+      forward pass (callbacks run in list order: put the guard last to see what the others did);
     - after every update phase (``train()``) of PPO-style algorithms (many gradient steps per update), every
       ``snapshot_every`` steps (1,000 by default) of A2C and the off-policy algorithms (one or a few gradient steps
-      per update), and at the start and end of ``learn()``: every tensor that ``model.save()`` would store (all
-      networks, target networks, optimizer state such as Adam moments), and the VecNormalize statistics;
-    - at every environment step: the new observations, rewards and (continuous) actions, and the
-      VecNormalize statistics;
+      per update), and at the end of ``learn()``: the full check, of every tensor that ``model.save()`` would store
+      (all networks, target networks, optimizer state such as Adam moments) and the VecNormalize statistics;
     - at the end of each on-policy rollout: the rollout buffer (rewards, values, returns, advantages, log-probs);
     - optionally (``check_gradients=True``) the gradients before every optimizer step.
 
-    Each check is one numpy dot per array or tensor (environment data with zeros, tensors with themselves; see
-    :mod:`sb3_safe.common.numerics`); the bad tensors are located and named only when a check fails. A passed
-    check of the model state copies it first, so the copy is also the snapshot to roll back to.
+    Each check is one reduction over its arrays or tensors, small ones packed together first (see
+    :mod:`sb3_safe.common.numerics`); the bad values are located and named only when a check fails. A passed full
+    check copies the state first, so the copy is also the snapshot to roll back to: only that copy has a cadence.
+    Environment data cannot be rolled back: a bad observation or reward stops training (in ``"rollback"`` mode
+    too) before it is stored, and a bad first observation ends ``learn()`` before its first rollout.
 
     What a rollback restores, and what it keeps:
 
@@ -98,8 +108,9 @@ class NonFiniteGuardCallback(BaseCallback):
     :param check_gradients: also check the gradients before every optimizer step
     :param report_dir: folder for the JSON-lines event report (``nonfinite_guard.jsonl``);
         None: the logger's folder, or the current directory when the logger writes no files
-    :param collapse_patience: consecutive updates with a log-std at a bound of its range before an
-        :class:`~sb3_safe.common.exploration.ExplorationWarning` (finite, but no longer exploring, or only noise)
+    :param collapse_patience: environment steps with a log-std at a bound of its range before an
+        :class:`~sb3_safe.common.exploration.ExplorationWarning` (finite, but no longer exploring, or only noise);
+        environment steps mean the same amount of training for every algorithm, where updates do not
     :param snapshot_every: least number of environment steps between two full checks of the model state, each
         passing one being the snapshot a rollback or stop restores: the rollback granularity. None: after every
         update of PPO-style algorithms (PPO, KLAdaptivePPO, TRPO, RecurrentPPO, MaskablePPO); every 1,000 steps of
@@ -132,7 +143,7 @@ class NonFiniteGuardCallback(BaseCallback):
         self.max_rollbacks = max_rollbacks
         self.check_gradients = check_gradients
         self.report_dir = report_dir
-        #: warns once when a log-std sits at a bound of its range for ``collapse_patience`` consecutive updates
+        #: warns once per collapse when a log-std sits at a bound of its range for ``collapse_patience`` env steps
         self.exploration = ExplorationWatch(collapse_patience)
         # Public results (and n_rollbacks)
         self.events: list[GuardEvent] = []
@@ -324,12 +335,13 @@ class NumericsMonitorCallback(BaseCallback):
     ``train/log_std_min`` and ``train/log_std_max`` (policies with a ``log_std`` parameter),
     ``train/param_max_abs`` (largest |parameter|), ``train/grad_norm`` (L2 norm of the gradients of the
     last optimizer step) and ``train/log_std_at_bound_fraction`` (share of log-std entries at a bound of the range;
-    after ``collapse_patience`` consecutive updates with one at a bound, an
-    :class:`~sb3_safe.common.exploration.ExplorationWarning` says that exploration collapsed or exploded).
+    after ``collapse_patience`` environment steps with one at a bound, an
+    :class:`~sb3_safe.common.exploration.ExplorationWarning` says that exploration collapsed or exploded; with the
+    guard in the same ``learn()`` both share one watch, so one collapse gives one warning).
     They go to SB3's logger, hence to stdout, CSV and TensorBoard.
     Use with :class:`NonFiniteGuardCallback`, which logs ``guard/events`` and ``guard/rollbacks``.
 
-    :param collapse_patience: consecutive updates with a log-std at a bound before the warning
+    :param collapse_patience: environment steps with a log-std at a bound before the warning
     :param verbose: Verbosity level: 0 for no output, 1 for info messages
     """
 

@@ -69,9 +69,10 @@ _LARGEST_VARIANCE = math.exp(2 * LOG_STD_LIMIT)
 _SQRT_HALF = math.sqrt(0.5)
 #: What a non-finite network output means, appended to the NonFiniteError the distributions raise
 NONFINITE_OUTPUT_HINT = (
-    "The policy network produced it from finite inputs, so its weights are probably NaN/inf already "
-    "(find them with NonFiniteGuardCallback or `sb3-safe doctor`). Likely causes: learning rate too high, "
-    "unnormalized rewards or observations (use VecNormalize)."
+    "Either the observation it was computed from holds NaN/inf (an environment that blew up: "
+    "NonFiniteGuardCallback checks every observation, terminal ones included, and names the env) or the "
+    "network's weights are NaN/inf already (find them with NonFiniteGuardCallback or `sb3-safe doctor`). Likely "
+    "causes: learning rate too high, unnormalized rewards or observations (use VecNormalize)."
 )
 
 

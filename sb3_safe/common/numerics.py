@@ -209,13 +209,18 @@ class TensorFiniteCheck:
         return all(_sum_of_squares_is_finite(array) for array in self._large)
 
 
+#: dtypes numpy reads in place (bfloat16 has no numpy counterpart)
+_NUMPY_DTYPES = (th.float16, th.float32, th.float64, th.int32, th.int64, th.uint8, th.bool)
+
+
 class _FlatBuffer:
     """
     One contiguous copy of live tensors of one dtype and device, and its finiteness test.
 
-    The copy is one ``cat`` into the buffer from flat aliases of the live tensors (they share storage, so they
-    follow in-place updates such as optimizer steps; they are remade when a tensor gets new storage). The copy
-    is tested by a :class:`TensorFiniteCheck` of the buffer.
+    The copy is one ``np.concatenate`` (CPU) or ``cat`` (elsewhere) into the buffer from flat aliases of the live
+    tensors (they share storage, so they follow in-place updates such as optimizer steps; they are remade when a
+    tensor gets new storage): numpy's, because a torch operation on many small tensors costs its dispatch several
+    times over. The copy is tested by a :class:`TensorFiniteCheck` of the buffer.
 
     :param live: the tensors, all of one dtype and device
     """
@@ -228,6 +233,8 @@ class _FlatBuffer:
         for tensor in live:
             self.views.append(self.flat[offset : offset + tensor.numel()].view_as(tensor))
             offset += tensor.numel()
+        self._on_numpy = self.flat.device.type == "cpu" and self.flat.dtype in _NUMPY_DTYPES
+        self._flat_array = self.flat.numpy() if self._on_numpy else None
         self._make_aliases()
         self._check = TensorFiniteCheck([self.flat])  # skips integer buffers: they cannot hold NaN
 
@@ -235,13 +242,17 @@ class _FlatBuffer:
         # Aliases need contiguous tensors; parameters and optimizer state are, anything else is copied one by one
         contiguous = all(t.is_contiguous() for t in self.live)
         self.aliases = [t.detach().view(-1) for t in self.live] if contiguous else None
+        on_numpy = self.aliases is not None and self._on_numpy
+        self._array_aliases = [a.numpy() for a in self.aliases] if self.aliases is not None and on_numpy else None
         self._storage = [t.data_ptr() for t in self.live]
 
     def update(self) -> bool:
-        if self.aliases is not None:
-            # A tensor given new storage (``param.data = ...``) would leave its alias reading the old one
-            if [t.data_ptr() for t in self.live] != self._storage:
-                self._make_aliases()
+        # A tensor given new storage (``param.data = ...``) would leave its alias reading the old one
+        if self.aliases is not None and [t.data_ptr() for t in self.live] != self._storage:
+            self._make_aliases()
+        if self._array_aliases is not None:
+            np.concatenate(self._array_aliases, out=self._flat_array)
+        elif self.aliases is not None:
             th.cat(self.aliases, out=self.flat)
         else:
             th._foreach_copy_(self.views, [t.detach() for t in self.live])
@@ -294,6 +305,24 @@ class FlatCopy:
         """
         for buffer in self._buffers:
             th._foreach_copy_([tensor.data for tensor in buffer.live], buffer.views)
+
+    def squared_distance(self, other: "FlatCopy") -> float:
+        """
+        The squared L2 distance between this copy and ``other``, a copy of the same tensors (floating ones only).
+
+        :param other: a :class:`FlatCopy` built from the same tensors
+        """
+        total = 0.0
+        for mine, theirs in zip(self._buffers, other._buffers, strict=True):
+            if not mine.flat.is_floating_point():
+                continue
+            if mine._flat_array is not None and theirs._flat_array is not None:
+                difference = mine._flat_array - theirs._flat_array
+                total += float(difference.dot(difference))
+            else:
+                difference_tensor = mine.flat - theirs.flat
+                total += float(th.dot(difference_tensor, difference_tensor))
+        return total
 
     def find_nonfinite(self) -> list[NonFiniteTensor]:
         """Locate the non-finite tensors in the copies (the slow path)."""

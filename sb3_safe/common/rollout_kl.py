@@ -13,6 +13,7 @@ analytic (:func:`~sb3_safe.common.kl.analytic_kl`) where the family has a closed
 estimator :func:`~sb3_safe.common.kl.approx_kl` at the stored actions, from the stored log-probabilities.
 """
 
+import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -21,9 +22,10 @@ import numpy as np
 import torch as th
 from gymnasium import spaces
 from stable_baselines3.common.buffers import RolloutBuffer
-from stable_baselines3.common.distributions import Distribution
+from stable_baselines3.common.distributions import Distribution as SB3Distribution
 from stable_baselines3.common.policies import ActorCriticPolicy
 from stable_baselines3.common.utils import obs_as_tensor
+from torch.distributions import Distribution
 
 from sb3_safe.common.kl import analytic_kl, approx_kl, distribution_params, has_analytic_kl
 
@@ -99,29 +101,59 @@ class Rollout:
             yield slice(start, min(start + size, len(self)))
 
 
-def distribution(policy: ActorCriticPolicy, rollout: Rollout, batch: slice) -> Distribution:
+@contextlib.contextmanager
+def _without_argument_validation() -> Iterator[None]:
     """
-    The policy's action distribution on a slice of the rollout (with its action masks, or its LSTM states).
+    torch's distributions validate their parameters at construction, a third of a small pass's cost; these passes
+    only read the policy's outputs (a non-finite one gives a non-finite KL, which the callers treat as no
+    information; the guard and the safe policies name it).
+    """
+    previous = Distribution._validate_args
+    Distribution.set_default_validate_args(False)
+    try:
+        yield
+    finally:
+        Distribution.set_default_validate_args(previous)
+
+
+def distribution(
+    policy: ActorCriticPolicy,
+    observations: th.Tensor | dict[str, th.Tensor],
+    action_masks: np.ndarray | th.Tensor | None = None,
+    lstm_states: tuple[th.Tensor, th.Tensor] | None = None,
+    episode_starts: th.Tensor | None = None,
+) -> SB3Distribution:
+    """
+    The policy's action distribution on a batch (with its action masks, or its LSTM states).
 
     :param policy: an SB3 / sb3-contrib actor-critic policy (plain, maskable or recurrent)
-    :param rollout: the rollout
-    :param batch: which samples
+    :param observations: the batch, as tensors on the policy's device
+    :param action_masks: MaskablePPO's masks of the batch
+    :param lstm_states: RecurrentPPO's actor ``(hidden, cell)`` states before each sample
+    :param episode_starts: RecurrentPPO's episode starts of the batch
     """
+    if lstm_states is not None and episode_starts is not None:
+        # sb3-contrib's recurrent policy: (distribution, new LSTM states)
+        recurrent: Any = policy.get_distribution(observations, lstm_states, episode_starts)  # type: ignore[call-arg]
+        return recurrent[0]
+    if action_masks is not None:
+        return policy.get_distribution(observations, action_masks=action_masks)  # type: ignore[call-arg]
+    return policy.get_distribution(observations)
+
+
+def _rollout_distribution(policy: ActorCriticPolicy, rollout: Rollout, batch: slice) -> SB3Distribution:
+    """:func:`distribution` on a slice of the rollout."""
     device = policy.device
     if isinstance(rollout.observations, dict):
         obs: Any = {key: value[batch] for key, value in rollout.observations.items()}
     else:
         obs = rollout.observations[batch]
-    obs_tensor = obs_as_tensor(obs, device)
+    lstm_states, starts = None, None
     if rollout.lstm_states is not None and rollout.episode_starts is not None:
-        states = tuple(th.as_tensor(state[:, batch], device=device).contiguous() for state in rollout.lstm_states)
-        starts = th.as_tensor(rollout.episode_starts[batch], device=device)
-        # sb3-contrib's recurrent policy: (distribution, new LSTM states)
-        recurrent: Any = policy.get_distribution(obs_tensor, states, starts)  # type: ignore[call-arg]
-        return recurrent[0]
-    if rollout.action_masks is not None:
-        return policy.get_distribution(obs_tensor, action_masks=rollout.action_masks[batch])  # type: ignore[call-arg]
-    return policy.get_distribution(obs_tensor)
+        hidden, cell = (th.as_tensor(state[:, batch], device=device).contiguous() for state in rollout.lstm_states)
+        lstm_states, starts = (hidden, cell), th.as_tensor(rollout.episode_starts[batch], device=device)
+    masks = None if rollout.action_masks is None else rollout.action_masks[batch]
+    return distribution(policy, obs_as_tensor(obs, device), masks, lstm_states, starts)
 
 
 @th.no_grad()
@@ -137,7 +169,34 @@ def old_distribution_params(policy: ActorCriticPolicy, rollout: Rollout) -> th.T
         return th.as_tensor(rollout.old_params, device=policy.device)
     if not has_analytic_kl(policy.action_dist):
         return None
-    return th.cat([distribution_params(distribution(policy, rollout, batch)) for batch in rollout.batches()])
+    with _without_argument_validation():
+        return th.cat([distribution_params(_rollout_distribution(policy, rollout, batch)) for batch in rollout.batches()])
+
+
+def summed_kl(
+    policy: ActorCriticPolicy,
+    new: SB3Distribution,
+    old_params: th.Tensor | None,
+    actions: th.Tensor | np.ndarray,
+    old_log_prob: th.Tensor | np.ndarray,
+) -> float:
+    """
+    The sum over a batch of ``KL(pi_old || pi)``: analytic from the old parameters, else (None, or a family without a
+    closed form) the estimator at the stored actions.
+
+    :param policy: the policy (its action space says how actions are stored)
+    :param new: the current distribution on the batch
+    :param old_params: the old distribution's parameters on the batch, or None
+    :param actions: the actions taken
+    :param old_log_prob: their log-probabilities under the old policy
+    """
+    if old_params is not None and has_analytic_kl(new):
+        return analytic_kl(old_params, new).sum().item()
+    actions = th.as_tensor(actions, device=policy.device)
+    if isinstance(policy.action_space, spaces.Discrete):
+        actions = actions.long().flatten()
+    log_ratio = new.log_prob(actions) - th.as_tensor(old_log_prob, device=policy.device).flatten()
+    return approx_kl(log_ratio).sum().item()
 
 
 @th.no_grad()
@@ -149,15 +208,24 @@ def mean_kl(policy: ActorCriticPolicy, rollout: Rollout, old_params: th.Tensor |
     :param rollout: the rollout the update was computed on
     :param old_params: :func:`old_distribution_params` before the update; None: the estimator at the stored actions
     """
-    discrete = isinstance(policy.action_space, spaces.Discrete)
     total = 0.0
-    for batch in rollout.batches():
-        new = distribution(policy, rollout, batch)
-        if old_params is not None and has_analytic_kl(new):
-            kl = analytic_kl(old_params[batch], new)
-        else:
-            actions = th.as_tensor(rollout.actions[batch], device=policy.device)
-            log_prob = new.log_prob(actions.long().flatten() if discrete else actions)
-            kl = approx_kl(log_prob - th.as_tensor(rollout.log_probs[batch], device=policy.device))
-        total += kl.sum().item()
+    with _without_argument_validation():
+        for batch in rollout.batches():
+            new = _rollout_distribution(policy, rollout, batch)
+            old = None if old_params is None else old_params[batch]
+            total += summed_kl(policy, new, old, rollout.actions[batch], rollout.log_probs[batch])
     return total / len(rollout)
+
+
+@th.no_grad()
+def mean_kl_on_batch(policy: ActorCriticPolicy, batch: Any, old_params: th.Tensor | None) -> float:
+    """
+    Mean ``KL(pi_old || pi)`` on one of the rollout buffer's sample batches (what ``get()`` yielded to ``train()``).
+
+    :param policy: the updated policy
+    :param batch: SB3's ``RolloutBufferSamples`` (or the maskable / dict variants)
+    :param old_params: the old distribution's parameters on the batch, or None for the estimator
+    """
+    with _without_argument_validation():
+        new = distribution(policy, batch.observations, getattr(batch, "action_masks", None))
+        return summed_kl(policy, new, old_params, batch.actions, batch.old_log_prob) / len(batch.actions)

@@ -46,16 +46,18 @@ class Snapshot:
     #: the learning-rate schedule's scale (see :mod:`sb3_safe.common.schedules`) when the snapshot was taken
     lr_scale: float = 1.0
 
-    def capture(self, model: BaseAlgorithm, watched: WatchedModel, restorable: bool = True) -> None:
+    def capture(self, model: BaseAlgorithm, watched: WatchedModel, restorable: bool = True, lean: bool = False) -> None:
         """
         Complete a snapshot whose tensors were just copied: what is not a tensor, and statistics.
 
         :param model: the algorithm
         :param watched: what the guard watches in it
         :param restorable: False to keep only the statistics an error message needs (the snapshot is never restored)
+        :param lean: only what an update (``train()``) changes, for undoing one: no statistics, no VecNormalize
         """
         self.timestep = model.num_timesteps
-        self.grad_norm = watched.gradient_norm()
+        if not lean:
+            self.grad_norm = watched.gradient_norm()
         if not restorable:
             return
         self.lr_scale = learning_rate_scale(model)
@@ -67,7 +69,7 @@ class Snapshot:
             for _, optimizer in watched.optimizers
         ]
         venv = watched.vec_normalize
-        if venv is not None:
+        if venv is not None and not lean:
             self.vec_normalize = (_copy_obs_rms(venv.obs_rms), venv.ret_rms.copy(), venv.returns.copy())
         names = getattr(model, "rollback_attributes", ())
         self.attributes = {name: copy.deepcopy(getattr(model, name)) for name in names}
@@ -128,12 +130,14 @@ class SnapshotStore:
     :param watched: what the guard watches in it
     :param restorable: False when no snapshot will ever be restored (``on_nonfinite="raise"``): each keeps only
         the tensors and the statistics an error message needs
+    :param lean: snapshots of only what an update changes (see :meth:`Snapshot.capture`)
     """
 
-    def __init__(self, model: BaseAlgorithm, watched: WatchedModel, restorable: bool) -> None:
+    def __init__(self, model: BaseAlgorithm, watched: WatchedModel, restorable: bool, lean: bool = False) -> None:
         self.model = model
         self.watched = watched
         self.restorable = restorable
+        self.lean = lean
         #: the snapshot of the last passed full check, or None before the first
         self.healthy: Snapshot | None = None
         self._spare: Snapshot | None = None
@@ -155,7 +159,7 @@ class SnapshotStore:
 
         :param snapshot: the snapshot :meth:`copy_and_test` returned
         """
-        snapshot.capture(self.model, self.watched, self.restorable)
+        snapshot.capture(self.model, self.watched, self.restorable, self.lean)
         self._spare, self.healthy = self.healthy, snapshot
 
     def restore(self) -> None:
