@@ -39,23 +39,33 @@ VARIANTS = (
     "SafeA2C",
     "SafeA2C+guard(raise)",
     "SafeA2C+guard",
+    "PPO+KL-lr",
+    "KLAdaptivePPO+KL-lr",
+    "A2C+KL-lr",
+    "SafeA2C+KL-lr",
 )
+#: sb3-contrib's algorithms: stock, with the safe policy, with the guard (stock policy), with the adaptive lr
+CONTRIB_VARIANTS = {
+    algo: (algo, f"{algo}(foreach)", f"{algo}+{policy}", f"{algo}+guard(raise)", f"{algo}+guard", f"{algo}+KL-lr")
+    for algo, policy in (("RecurrentPPO", "SafeMlpLstmPolicy"), ("MaskablePPO", "SafeMaskableMlpPolicy"))
+}
 #: The variants timed against each other on each environment (one process per environment and replica)
 OFF_POLICY_VARIANTS = {algo: (algo, f"{algo}+guard(raise)", f"{algo}+guard") for algo in variants.OFF_POLICY}
 ENV_VARIANTS = {
     "CartPole-v1": VARIANTS + OFF_POLICY_VARIANTS["DQN"],
     "Hopper-v5": VARIANTS,
     "Pendulum-v1": OFF_POLICY_VARIANTS["SAC"] + OFF_POLICY_VARIANTS["TD3"],
-    "CartPoleNoVel-v1": ("RecurrentPPO", "RecurrentPPO(foreach)", "RecurrentPPO+SafeMlpLstmPolicy"),
-    configs.MACHINE_SCHEDULING: ("MaskablePPO", "MaskablePPO(foreach)", "MaskablePPO+SafeMaskableMlpPolicy"),
+    "CartPoleNoVel-v1": CONTRIB_VARIANTS["RecurrentPPO"],
+    configs.MACHINE_SCHEDULING: CONTRIB_VARIANTS["MaskablePPO"],
 }
 ENVS = tuple(ENV_VARIANTS)
 #: Settings changed from the zoo entry: DQN updates after every step (rl-zoo's CartPole entry: 128 gradient steps
 #: every 256 steps), the setting where a per-update cost weighs most
 OVERRIDES = {("DQN", "CartPole-v1"): dict(train_freq=1, gradient_steps=1)}
-#: (variant, baseline, target time ratio): <= 3 % for the safe policies and algorithms and for the guard on every
-#: algorithm (off-policy ones: the guard is all sb3-safe adds). Against "(foreach)" baselines:
-#: the cost of the safety alone, without the speed-up of sb3-safe's default optimizer implementation
+#: (variant, baseline, target time ratio): <= 3 % for the safe policies and algorithms; <= 2 % for the guard on every
+#: algorithm (off-policy ones: the guard is all sb3-safe adds) and for the adaptive learning rate on every on-policy
+#: one (issues 20 and 23). Against "(foreach)" baselines: the cost of the safety alone, without the speed-up of
+#: sb3-safe's default optimizer implementation
 COMPARISONS = (
     ("PPO+SafeMlpPolicy", "PPO", 1.03),
     ("KLAdaptivePPO", "PPO", 1.03),
@@ -64,10 +74,11 @@ COMPARISONS = (
     ("KLAdaptivePPO", "PPO(foreach)", 1.03),
     ("SafeA2C", "A2C(foreach)", 1.03),
     *(
-        (f"{algo}{mode}", algo, 1.03)
-        for algo in ("PPO", "KLAdaptivePPO", "A2C", "SafeA2C", *variants.OFF_POLICY)
+        (f"{algo}{mode}", algo, 1.02)
+        for algo in ("PPO", "KLAdaptivePPO", "A2C", "SafeA2C", "RecurrentPPO", "MaskablePPO", *variants.OFF_POLICY)
         for mode in ("+guard(raise)", "+guard")
     ),
+    *((f"{algo}+KL-lr", algo, 1.02) for algo in ("PPO", "KLAdaptivePPO", "A2C", "SafeA2C", "RecurrentPPO", "MaskablePPO")),
     ("RecurrentPPO+SafeMlpLstmPolicy", "RecurrentPPO", 1.03),
     ("RecurrentPPO+SafeMlpLstmPolicy", "RecurrentPPO(foreach)", 1.03),
     ("MaskablePPO+SafeMaskableMlpPolicy", "MaskablePPO", 1.03),
@@ -124,19 +135,20 @@ def run_job(job: tuple[str, int, int, int]) -> list[dict[str, Any]]:
     """
     env_id, timesteps, rounds, replica = job
     names = ENV_VARIANTS[env_id]
-    models, guards = {}, {}
+    models, guards, adaptive = {}, {}, {}
     for name in names:
         variant = variants.VARIANTS[name]
         config = settings(variant.algo, env_id)
         env = training.make_env(env_id, config.n_envs, seed=replica, normalize=config.normalize, gamma=config.gamma)
         models[name] = variants.build_model(variant, env, seed=replica, kwargs=config.kwargs)
         guards[name] = variants.make_guard(variant)
+        adaptive[name] = variants.make_adaptive_lr(variant)
 
     def measure(name: str, steps: int) -> dict[str, Any]:
-        model, guard = models[name], guards[name]
+        model, guard, adaptive_lr = models[name], guards[name], adaptive[name]
         before = model.num_timesteps
         wall, cpu = time.perf_counter(), time.process_time()
-        model.learn(steps, callback=guard, reset_num_timesteps=False)
+        model.learn(steps, callback=guard or adaptive_lr, reset_num_timesteps=False)
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
         assert guard is None or not guard.events, f"{name} was not healthy: {guard.events}"
         return dict(
@@ -150,6 +162,9 @@ def run_job(job: tuple[str, int, int, int]) -> list[dict[str, Any]]:
             error=None,
             params_finite=training.params_finite(model),
             final_return=float("nan"),
+            # The adaptive learning rate's redos at the tuned settings: each is one more train() on the rollout
+            redone_updates=None if adaptive_lr is None else adaptive_lr.redone_updates,
+            measured_updates=None if adaptive_lr is None else len(adaptive_lr.history),
         )
 
     # Imports, allocator, optimizer state and the guard's first snapshot must not land on a measured chunk
@@ -263,7 +278,10 @@ def report(out: Path) -> None:
             ),
             "Guard: `+guard` is `NonFiniteGuardCallback(on_nonfinite='rollback')` (snapshots policy, optimizer and"
             " VecNormalize at each passed check: the mode the stress suite uses); `+guard(raise)` is the default mode"
-            " (checks only).",
+            " (checks only). Both check the first observation, every step's data including terminal observations,"
+            " every optimizer step and the full state at the cadence; alone in `learn()` (as here) they do not re-read"
+            " the live model at rollout boundaries, which only other callbacks make necessary.",
+            "Adaptive learning rate: `+KL-lr` is `KLAdaptiveLRCallback()` with its defaults (no guard).",
             "Ratio: time of the variant / time of its baseline in the same round (1.03 = 3 % slower); median over"
             " rounds (chunks of the same size, at the same point of training). Wall time is what was asked for; CPU"
             " time of the process is less disturbed by other jobs.",
@@ -310,9 +328,32 @@ def report(out: Path) -> None:
         "target",
         "met?",
     ]
-    lines += [*reports.table(header, rows), "", "![overhead](overhead.png)"]
+    lines += [*reports.table(header, rows), "", "![overhead](overhead.png)", ""]
+    lines += _redone_updates(runs, envs)
     reports.write_report(out / f"{SUITE}.md", lines)
     plot(runs, envs, out)
+
+
+def _redone_updates(runs: list[dict[str, Any]], envs: list[str]) -> list[str]:
+    """How often the adaptive learning rate undid and redid an update at the tuned settings (each costs a train())."""
+    rows = []
+    for env_id in envs:
+        for variant in ENV_VARIANTS[env_id]:
+            chunks = [row for row in runs if row["env"] == env_id and row["variant"] == variant]
+            if not chunks or chunks[0].get("redone_updates") is None:
+                continue
+            redone = sum(row["redone_updates"] for row in chunks)
+            measured = sum(row["measured_updates"] for row in chunks)
+            rows.append([env_id, variant, str(measured), str(redone), f"{redone / max(measured, 1):.1%}"])
+    if not rows:
+        return []
+    return [
+        "Adaptive learning rate at the tuned settings (`+KL-lr`: `KLAdaptiveLRCallback()` with its defaults), over the"
+        " timed chunks: updates whose KL was measured, and of those the updates undone and redone (each one more"
+        " `train()` on the same rollout, included in the timings above).",
+        "",
+        *reports.table(["env", "variant", "updates measured", "updates redone", "share"], rows),
+    ]
 
 
 def _families(env_id: str) -> list[str]:

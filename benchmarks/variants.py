@@ -73,6 +73,16 @@ VARIANTS = {
         Variant("MaskablePPO(foreach)", "MaskablePPO", foreach=True),
         Variant("MaskablePPO+SafeMaskableMlpPolicy", "MaskablePPO", safe_policy=True),
         Variant("MaskablePPO+SafeMaskableMlpPolicy+guard", "MaskablePPO", safe_policy=True, guard="rollback"),
+        # The adaptive learning rate alone (overhead) and the guard on sb3-contrib's algorithms with their own policies
+        *(
+            Variant(f"{algo}+KL-lr", algo, adaptive_lr=True)
+            for algo in ("PPO", "KLAdaptivePPO", "A2C", "SafeA2C", "RecurrentPPO", "MaskablePPO")
+        ),
+        *(
+            Variant(f"{algo}{suffix}", algo, guard=guard)
+            for algo in ("RecurrentPPO", "MaskablePPO")
+            for suffix, guard in (("+guard(raise)", "raise"), ("+guard", "rollback"))
+        ),
         # The train-through map (robustness): peers' learning-rate controllers and sb3-safe's adaptive learning rate
         Variant("PPO(target_kl=0.01)", "PPO", target_kl=0.01),
         Variant("PPO+SBX-lr", "PPO", sbx_lr=True),

@@ -224,3 +224,27 @@ def test_lr_x100_on_pendulum_ends_finite_and_learning() -> None:
         results[adaptive], _ = evaluate_policy(model, make_vec_env("Pendulum-v1", seed=1), n_eval_episodes=5)
     # Random actions: about -1,200; measured here -560 with the callback, -1,029 without
     assert results[True] > -800 and results[True] > results[False] + 200
+
+
+# ----- as an option of sb3-safe's algorithms -----
+
+
+@pytest.mark.parametrize("algo", [KLAdaptivePPO, SafeA2C])
+def test_adaptive_lr_option_adapts_every_learn_and_is_saved(algo: type, tmp_path: Any) -> None:
+    kwargs = dict(n_steps=16, batch_size=16) if algo is KLAdaptivePPO else dict(n_steps=8)
+    settings = dict(target_kl=0.5, window_steps=8)  # far above these updates' KL: raised at every decision
+    model = algo("MlpPolicy", "CartPole-v1", learning_rate=1e-4, adaptive_lr=settings, seed=0, **kwargs)
+    model.learn(64)
+    first = learning_rate_scale(model)
+    assert first > 1.0
+    model.save(tmp_path / "model")
+    loaded = algo.load(tmp_path / "model", env=make_vec_env("CartPole-v1"))
+    assert loaded.adaptive_lr == settings and learning_rate_scale(loaded) == pytest.approx(first)
+    loaded.learn(64, reset_num_timesteps=False)  # a resumed run adapts on from the saved scale
+    assert learning_rate_scale(loaded) > first
+
+
+@pytest.mark.parametrize("settings", [dict(target_kl=-1.0), dict(no_such_argument=1), "0.03"])
+def test_bad_adaptive_lr_option_fails_at_construction(settings: Any) -> None:
+    with pytest.raises(ValueError, match="adaptive_lr"):
+        SafeA2C("MlpPolicy", "CartPole-v1", adaptive_lr=settings)

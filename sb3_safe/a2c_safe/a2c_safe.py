@@ -15,6 +15,7 @@ from stable_baselines3.common.utils import explained_variance
 from torch.nn import functional as F
 
 from sb3_safe.a2c_safe.policies import CnnPolicy, MlpPolicy, MultiInputPolicy
+from sb3_safe.common.adaptive_lr import check_adaptive_lr, with_adaptive_lr
 from sb3_safe.common.checkpoints import continue_stock_checkpoint
 from sb3_safe.common.policies import SafeActorCriticPolicy
 from sb3_safe.common.updates import GuardedOptimizerStep, normalize_advantages, write_last_update_statistics
@@ -64,6 +65,9 @@ class SafeA2C(A2C):
         weight_decay=0))``; needs ``use_rms_prop=True`` and no ``optimizer_class`` in ``policy_kwargs``.
     :param value_loss: ``"mse"`` (SB3's A2C) or ``"huber"`` (smooth L1 with delta 1: quadratic for errors
         below 1, linear above, so its gradient is bounded whatever the scale of the returns)
+    :param adaptive_lr: :class:`~sb3_safe.KLAdaptiveLRCallback`'s keyword arguments (``{}`` for its defaults):
+        every ``learn()`` then adapts the learning rate to the rollout KL with it; saved with the model. None: the
+        configured learning rate
     :param use_sde: Whether to use generalized State Dependent Exploration (gSDE)
         instead of action noise exploration (default: False)
     :param sde_sample_freq: Sample a new noise matrix every n steps when using gSDE
@@ -105,6 +109,7 @@ class SafeA2C(A2C):
         use_rms_prop: bool = True,
         use_rms_prop_tf_like: bool = False,
         value_loss: Literal["mse", "huber"] = "mse",
+        adaptive_lr: dict[str, Any] | None = None,
         use_sde: bool = False,
         sde_sample_freq: int = -1,
         rollout_buffer_class: type[RolloutBuffer] | None = None,
@@ -133,6 +138,7 @@ class SafeA2C(A2C):
             )
         self.use_rms_prop_tf_like = use_rms_prop_tf_like
         self.value_loss = value_loss
+        self.adaptive_lr = check_adaptive_lr(adaptive_lr)
         # Created before A2C's constructor and saved with the model, so the skip count survives save/load
         self.guarded_step = GuardedOptimizerStep()
         super().__init__(
@@ -257,7 +263,7 @@ class SafeA2C(A2C):
     ) -> SelfSafeA2C:
         super().learn(
             total_timesteps=total_timesteps,
-            callback=callback,
+            callback=with_adaptive_lr(callback, self.adaptive_lr),
             log_interval=log_interval,
             tb_log_name=tb_log_name,
             reset_num_timesteps=reset_num_timesteps,

@@ -14,6 +14,7 @@ from stable_baselines3.common.type_aliases import GymEnv, MaybeCallback, Schedul
 from stable_baselines3.common.utils import explained_variance
 from torch.nn import functional as F
 
+from sb3_safe.common.adaptive_lr import check_adaptive_lr, with_adaptive_lr
 from sb3_safe.common.buffers import KLDictRolloutBuffer, KLDictRolloutBufferSamples, KLRolloutBuffer, KLRolloutBufferSamples
 from sb3_safe.common.checkpoints import continue_stock_checkpoint
 from sb3_safe.common.kl import analytic_kl, approx_kl, clamp_log_ratio, has_analytic_kl
@@ -78,6 +79,9 @@ class KLAdaptivePPO(PPO):
     :param kl_beta_bounds: ``(lowest, highest)`` beta, positive and finite
     :param kl_adapt_tolerance: beta changes when the KL is outside ``[target / tol, target * tol]``; > 1
     :param kl_adapt_factor: beta is multiplied or divided by this; > 1
+    :param adaptive_lr: :class:`~sb3_safe.KLAdaptiveLRCallback`'s keyword arguments (``{}`` for its defaults):
+        every ``learn()`` then adapts the learning rate to the rollout KL with it; saved with the model. None: the
+        configured learning rate
     """
 
     policy_aliases: ClassVar[dict[str, type[BasePolicy]]] = {
@@ -115,6 +119,7 @@ class KLAdaptivePPO(PPO):
         kl_beta_bounds: tuple[float, float] = (1e-4, 1e3),
         kl_adapt_tolerance: float = 1.5,
         kl_adapt_factor: float = 2.0,
+        adaptive_lr: dict[str, Any] | None = None,
         stats_window_size: int = 100,
         tensorboard_log: str | None = None,
         policy_kwargs: dict[str, Any] | None = None,
@@ -172,6 +177,7 @@ class KLAdaptivePPO(PPO):
         self.kl_beta_bounds = (low, high)
         self.kl_adapt_tolerance = float(kl_adapt_tolerance)
         self.kl_adapt_factor = float(kl_adapt_factor)
+        self.adaptive_lr = check_adaptive_lr(adaptive_lr)
         #: the KL penalty coefficient beta, adapted after each update phase (saved with the model)
         self.kl_beta = float(initial_kl_beta)
         # Created here, not in _setup_model, so that load() restores its counters
@@ -369,7 +375,7 @@ class KLAdaptivePPO(PPO):
     ) -> SelfKLAdaptivePPO:
         super().learn(
             total_timesteps=total_timesteps,
-            callback=callback,
+            callback=with_adaptive_lr(callback, self.adaptive_lr),
             log_interval=log_interval,
             tb_log_name=tb_log_name,
             reset_num_timesteps=reset_num_timesteps,

@@ -63,9 +63,21 @@ def _sample_policy_bounds(trial: optuna.Trial, n_actions: int) -> dict[str, floa
     return {"logit_bound": trial.suggest_float("logit_bound", 2.0, 20.0, log=True)}
 
 
+#: The range the adaptive learning rate's target is sampled from: around its measured defaults (PPO-style 0.03,
+#: A2C-style 1e-3, see sb3_safe.common.adaptive_lr), a decade each way
+ADAPTIVE_LR_TARGETS = {"kl_ppo": (0.003, 0.3), "safe_a2c": (1e-4, 1e-2)}
+
+
+def _sample_adaptive_lr(trial: optuna.Trial, algo: str) -> dict[str, float]:
+    low, high = ADAPTIVE_LR_TARGETS[algo]
+    return {"adaptive_lr_target_kl": trial.suggest_float("adaptive_lr_target_kl", low, high, log=True)}
+
+
 def _move_policy_bounds(hyperparams: dict[str, Any]) -> dict[str, Any]:
-    # The safe policies take the bounds as policy keywords
+    # The safe policies take the bounds as policy keywords; the algorithms the adaptive lr's as `adaptive_lr`
     hyperparams = dict(hyperparams)
+    if "adaptive_lr_target_kl" in hyperparams:
+        hyperparams["adaptive_lr"] = {"target_kl": hyperparams.pop("adaptive_lr_target_kl")}
     policy_kwargs = dict(hyperparams.get("policy_kwargs", {}))
     if "log_std_min" in hyperparams:
         policy_kwargs["log_std_range"] = (hyperparams.pop("log_std_min"), hyperparams.pop("log_std_max"))
@@ -77,7 +89,8 @@ def _move_policy_bounds(hyperparams: dict[str, Any]) -> dict[str, Any]:
 def sample_kl_ppo_params(trial: optuna.Trial, n_actions: int, n_envs: int, additional_args: dict) -> dict[str, Any]:
     """
     Sampler for KLAdaptivePPO: rl_zoo3's PPO sampler, plus the KL target d_targ and the initial penalty
-    coefficient, plus the policy's ``log_std_range`` (Box actions) or ``logit_bound`` (discrete actions).
+    coefficient, the adaptive learning rate's target (``adaptive_lr``), and the policy's ``log_std_range`` (Box
+    actions) or ``logit_bound`` (discrete actions).
 
     :param trial: the optuna trial
     :param n_actions: the action dimension for Box action spaces, else 0
@@ -89,13 +102,14 @@ def sample_kl_ppo_params(trial: optuna.Trial, n_actions: int, n_envs: int, addit
     # The PPO paper (sec. 4) tries d_targ in {0.003, 0.01, 0.03}
     hyperparams["adaptive_kl_target"] = trial.suggest_float("adaptive_kl_target", 0.003, 0.03, log=True)
     hyperparams["initial_kl_beta"] = trial.suggest_float("initial_kl_beta", 0.1, 10.0, log=True)
-    return _move_policy_bounds({**hyperparams, **_sample_policy_bounds(trial, n_actions)})
+    bounds = _sample_policy_bounds(trial, n_actions)
+    return _move_policy_bounds({**hyperparams, **_sample_adaptive_lr(trial, "kl_ppo"), **bounds})
 
 
 def sample_safe_a2c_params(trial: optuna.Trial, n_actions: int, n_envs: int, additional_args: dict) -> dict[str, Any]:
     """
-    Sampler for SafeA2C: rl_zoo3's A2C sampler plus the policy's ``log_std_range`` (Box actions) or
-    ``logit_bound`` (discrete actions).
+    Sampler for SafeA2C: rl_zoo3's A2C sampler plus the adaptive learning rate's target (``adaptive_lr``) and the
+    policy's ``log_std_range`` (Box actions) or ``logit_bound`` (discrete actions).
 
     :param trial: the optuna trial
     :param n_actions: the action dimension for Box action spaces, else 0
@@ -104,7 +118,8 @@ def sample_safe_a2c_params(trial: optuna.Trial, n_actions: int, n_envs: int, add
     :return: the algorithm's keyword arguments
     """
     hyperparams = sample_a2c_params(trial, n_actions, n_envs, additional_args)
-    return _move_policy_bounds({**hyperparams, **_sample_policy_bounds(trial, n_actions)})
+    bounds = _sample_policy_bounds(trial, n_actions)
+    return _move_policy_bounds({**hyperparams, **_sample_adaptive_lr(trial, "safe_a2c"), **bounds})
 
 
 def convert_safe_params(sampled_params: dict[str, Any]) -> dict[str, Any]:
