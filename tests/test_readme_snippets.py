@@ -1,12 +1,14 @@
 """
-Every fenced code block of the README runs as written, so that a snippet that fails for a reader fails CI.
+Every fenced code block of the README and of the documentation pages (``docs/**/*.md``) runs as written, so that a
+snippet that fails for a reader fails CI. The blocks are found by :mod:`snippets`.
 
 Python blocks run in this process, each in a fresh namespace and a temporary working directory; bash blocks run their
 commands as subprocesses, in order, in one working directory per block. Only the budget differs from what the README
 says, and only here, never in library code: :func:`apply_budget` caps the timesteps of every ``learn()`` and the
 rollout / batch sizes of the SB3 constructors, in this process (monkeypatch) and in every Python process a command
 starts (a ``sitecustomize`` module on ``PYTHONPATH``); the commands also get small ``-n`` / ``--n-trials`` /
-``--eval-episodes`` values.
+``--eval-episodes`` values. A block marked ``% checked: WHAT`` (the documentation's install commands, and
+commands another test runs) is checked as :data:`snippets.CHECKED` says instead of run.
 """
 
 import functools
@@ -17,20 +19,20 @@ import shlex
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
 import gymnasium.envs.registration
 import pytest
+import tomllib
+from packaging.requirements import Requirement
+from snippets import CHECKED, CODE_DIRECTIVES, README, ROOT, Block, docs_blocks, docs_directives, readme_blocks
 from stable_baselines3 import PPO
 from stable_baselines3.common.base_class import BaseAlgorithm
 from stable_baselines3.common.off_policy_algorithm import OffPolicyAlgorithm
 from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
 
-ROOT = Path(__file__).resolve().parent.parent
-README = ROOT / "README.md"
 # The console scripts and the interpreter of the environment that runs the tests (.venv/bin)
 BIN = Path(sys.executable).parent
 
@@ -49,7 +51,7 @@ COMMAND_TIMESTEPS = str(MAX_TIMESTEPS)
 EVAL_EPISODES = "1"
 #: rl-zoo's Atari entries use 8 or 16 environments of a CNN policy; enough to check the command, 16 took 40 s here
 ATARI_N_ENVS = 2
-#: seconds after which a README command counts as hung
+#: seconds after which a command of a block counts as hung
 COMMAND_TIMEOUT = 600
 
 
@@ -105,68 +107,24 @@ apply_budget(setattr)
 """
 
 
-# ----- the README's blocks -----
+# ----- the blocks -----
 
 
-@dataclass(frozen=True)
-class Block:
-    """A fenced code block of the README."""
-
-    #: 1-based position among the README's blocks
-    index: int
-    language: str
-    code: str
-    #: README line of the opening fence
-    line: int
-    #: the heading of the section it is in
-    section: str
-    #: the paragraph just before it
-    lead: str
-
-    @property
-    def lines(self) -> list[str]:
-        """The non-empty lines that are not only a comment."""
-        return [line for line in self.code.splitlines() if line.strip() and not line.lstrip().startswith("#")]
-
-    @property
-    def test_id(self) -> str:
-        first = self.lines[0].strip() if self.lines else "(empty)"
-        return f"{self.index}-{first[:70].rstrip()}"
-
-
-def readme_blocks() -> list[Block]:
-    text = README.read_text(encoding="utf-8")
-    blocks = []
-    for index, match in enumerate(re.finditer(r"^```(\w*)\n(.*?)^```", text, flags=re.MULTILINE | re.DOTALL), 1):
-        before = text[: match.start()]
-        headings = re.findall(r"^#+ (.*)$", before, flags=re.MULTILINE)
-        paragraphs = [paragraph for paragraph in before.split("\n\n") if paragraph.strip()]
-        blocks.append(
-            Block(
-                index=index,
-                language=match.group(1),
-                code=match.group(2),
-                line=before.count("\n") + 1,
-                section=headings[-1] if headings else "",
-                lead=paragraphs[-1] if paragraphs else "",
-            )
-        )
-    return blocks
-
-
-BLOCKS = readme_blocks()
+README_BLOCKS = readme_blocks()
+DOCS_BLOCKS = docs_blocks()
+BLOCKS = README_BLOCKS + DOCS_BLOCKS
 
 
 def is_quickstart(block: Block) -> bool:
-    """The first bash block under the Quickstart heading."""
-    quickstart = [b for b in BLOCKS if b.language == "bash" and re.search(r"quick ?start", b.section, re.IGNORECASE)]
+    """The first bash block under the README's Quickstart heading."""
+    quickstart = [b for b in README_BLOCKS if b.language == "bash" and re.search(r"quick ?start", b.section, re.IGNORECASE)]
     return bool(quickstart) and block == quickstart[0]
 
 
 def block_params(language: str) -> list[Any]:
     params = []
     for block in BLOCKS:
-        if block.language != language:
+        if block.language != language or block.checked is not None:
             continue
         marks = []
         if is_quickstart(block):
@@ -179,11 +137,27 @@ def block_params(language: str) -> list[Any]:
 
 def test_every_block_is_run() -> None:
     # A block in another language would be silently untested: teach this file to run it
-    assert BLOCKS, "no fenced code block found in README.md"
+    assert README_BLOCKS, "no fenced code block found in README.md"
+    assert DOCS_BLOCKS, "no fenced code block found in docs/"
     others = [
-        f"block {b.index} (README line {b.line}): ```{b.language}" for b in BLOCKS if b.language not in ("python", "bash")
+        f"block {b.index} ({b.name} line {b.line}): ```{b.language}" for b in BLOCKS if b.language not in ("python", "bash")
     ]
     assert not others, f"only python and bash blocks are run: {others}"
+    unknown = [f"{b.name} line {b.line}: % checked: {b.checked}" for b in BLOCKS if b.checked not in (None, *CHECKED)]
+    assert not unknown, f"unknown markers (known: {sorted(CHECKED)}): {unknown}"
+    in_readme = [f"README line {b.line}" for b in README_BLOCKS if b.checked is not None]
+    assert not in_readme, f"the README's blocks all run (GitHub shows a % line as text): {in_readme}"
+
+
+def test_docs_show_code_only_in_fences() -> None:
+    # Code in a code-block or literalinclude directive, or inside eval-rst, would be shown but never run
+    hidden = [
+        f"{d.source.relative_to(ROOT)} line {d.line}: {{{d.name}}}"
+        for d in docs_directives()
+        if d.name in CODE_DIRECTIVES
+        or (d.name == "eval-rst" and re.search(r"^\s*\.\. (code-block|code|sourcecode|literalinclude)::", d.content, re.M))
+    ]
+    assert not hidden, f"write these as plain ```python / ```bash fences, which the tests run: {hidden}"
 
 
 # ----- python blocks -----
@@ -214,8 +188,8 @@ def test_python_block(block: Block, tmp_path: Path, monkeypatch: pytest.MonkeyPa
     apply_budget(monkeypatch.setattr)
     # Files the snippet saves (model.save, the guard's save_path, MuJoCo's log) go to the temporary folder
     monkeypatch.chdir(tmp_path)
-    # Padded to the fence's line: a traceback names the README's own line
-    code = compile("\n" * block.line + block.code, str(README), "exec")
+    # Padded to the fence's line: a traceback names the file's own line
+    code = compile("\n" * block.line + block.code, str(block.source), "exec")
     exec(code, {"__name__": "__main__"})
 
 
@@ -238,16 +212,18 @@ def _option(args: list[str], names: tuple[str, ...]) -> str | None:
 
 def budget_command(line: str, trials_needed: int, log_folder: Path | None) -> list[str]:
     """
-    A README command line as argv, run by this environment's executables with a small budget.
+    A command line of a block as argv, run by this environment's executables with a small budget.
 
-    :param line: the command as the README shows it
+    :param line: the command as the README or the documentation shows it
     :param trials_needed: for ``-optimize``: the study needs as many trials as the block's ``--trial-id`` reads
-    :param log_folder: where to write the runs instead of the README's log folder (None: as the README says)
+    :param log_folder: where to write the runs instead of the block's log folder (None: as the block says)
     :return: the argv
     """
     program, *args = shlex.split(line, comments=True)
     executables = {"sb3-safe": str(BIN / "sb3-safe"), "python": sys.executable}
     assert program in executables, f"no runner for {program!r}: teach budget_command this program"
+    if program == "sb3-safe" and args[:1] == ["doctor"]:
+        return [executables[program], *args]  # reads a saved model: nothing to cap
     zoo_command = "enjoy" if "enjoy" in args or "rl_zoo3.enjoy" in args else "train"
     args = _set_option(args, ("-n", "--n-timesteps"), COMMAND_TIMESTEPS)
     if zoo_command == "train":
@@ -278,7 +254,7 @@ def command_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 
 @pytest.mark.parametrize("block", block_params("bash"))
 def test_bash_block(block: Block, tmp_path: Path, command_env: dict[str, str]) -> None:
-    # A command the README runs from the repository root (a relative path into the checkout) runs there, writing
+    # A command the block runs from the repository root (a relative path into the checkout) runs there, writing
     # its runs into the temporary folder; the others run in the temporary folder, where their relative paths
     # (the log folder an enjoy line reads from the train line before it, a study's database) work as written
     from_root = "repository root" in block.lead or "repository root" in block.code
@@ -288,8 +264,88 @@ def test_bash_block(block: Block, tmp_path: Path, command_env: dict[str, str]) -
     for line in block.lines:
         argv = budget_command(line, trials_needed, tmp_path / "logs" if from_root else None)
         result = subprocess.run(argv, cwd=cwd, env=command_env, capture_output=True, text=True, timeout=COMMAND_TIMEOUT)
-        ran = f"README line: {line}\nran: {shlex.join(argv)}\nin: {cwd}\n"
+        ran = f"{block.name} line {block.line}: {line}\nran: {shlex.join(argv)}\nin: {cwd}\n"
         assert result.returncode == 0, (
             f"{ran}exit status {result.returncode}\n{result.stdout[-2000:]}\n{result.stderr[-6000:]}"
         )
         assert "Traceback" not in result.stderr, f"{ran}{result.stderr[-6000:]}"
+
+
+# ----- blocks checked instead of run -----
+
+
+def _setup_torch_pin() -> str:
+    """The torch version scripts/setup.sh installs."""
+    pins = re.findall(r'"torch==([^"]+)"', (ROOT / "scripts" / "setup.sh").read_text(encoding="utf-8"))
+    assert len(pins) == 1, f"scripts/setup.sh should pin torch once, found {pins}"
+    return pins[0]
+
+
+def _extras() -> set[str]:
+    with open(ROOT / "pyproject.toml", "rb") as file:
+        return set(tomllib.load(file)["project"]["optional-dependencies"])
+
+
+def _check_requirement(requirement: str) -> None:
+    """A pip argument: sb3-safe (from PyPI or this checkout) with existing extras, or torch at the set-up script's pin."""
+    local = re.fullmatch(r"\.(?:\[(?P<extras>[\w,-]+)\])?", requirement)
+    if local is not None:
+        extras = set(filter(None, (local.group("extras") or "").split(",")))
+    else:
+        parsed = Requirement(requirement)
+        assert parsed.name in ("sb3-safe", "torch"), f"install only sb3-safe and torch: {requirement!r}"
+        if parsed.name == "torch":
+            assert str(parsed.specifier) == f"=={_setup_torch_pin()}", f"{requirement!r}: not scripts/setup.sh's pin"
+        extras = set(parsed.extras)
+    assert extras <= _extras(), f"{requirement!r}: no such extra in pyproject.toml ({sorted(extras - _extras())})"
+
+
+def check_install_command(line: str) -> None:
+    """An install command of the documentation: the forms the installation page uses, with valid arguments."""
+    program, *args = shlex.split(line)
+    if [program, *args] == ["python3", "-m", "venv", ".venv"]:
+        return
+    if program == "bash":
+        assert args and (ROOT / args[0]).is_file() and len(args) == 1, f"not a script of this repository: {line}"
+        return
+    if program.endswith("python") or program.endswith("python3"):
+        assert args[:2] == ["-m", "pip"], f"unknown install command: {line}"
+        args = args[2:]
+    else:
+        assert program == "pip", f"unknown install command: {line}"
+    assert args[:1] == ["install"], f"unknown pip command: {line}"
+    args = args[1:]
+    while args:
+        arg = args.pop(0)
+        if arg == "--index-url":
+            url = args.pop(0)
+            assert url.startswith("https://download.pytorch.org/whl/"), f"{line}: PyTorch's own index only, got {url}"
+        elif arg == "-e":
+            assert args and args[0].startswith("."), f"{line}: -e installs this checkout"
+        else:
+            assert not arg.startswith("-"), f"{line}: unknown pip option {arg}"
+            _check_requirement(arg)
+
+
+def _readme_section(heading: str) -> str:
+    text = README.read_text(encoding="utf-8")
+    return text.split(f"\n## {heading}\n", 1)[1].split("\n## ", 1)[0]
+
+
+@pytest.mark.parametrize("block", [pytest.param(b, id=b.test_id) for b in BLOCKS if b.checked is not None])
+def test_checked_block(block: Block) -> None:
+    lines = [line.strip() for line in block.lines]
+    assert lines, f"{block.name} line {block.line}: empty block"
+    if block.checked == "install":
+        for line in lines:
+            check_install_command(line)
+    elif block.checked == "tests/test_readme.py and .ci/run run these":
+        quickstart = next(b for b in README_BLOCKS if is_quickstart(b))
+        assert lines == [line.strip() for line in quickstart.lines], "not the README's Quickstart commands"
+    elif block.checked == "tests/test_tuning_postgres.py runs these":
+        # tests/test_tuning_postgres.py reads the commands from the README: the same lines, all of them
+        section = _readme_section("Tuning across machines")
+        readme_lines = [line.strip() for line in section.splitlines() if line.strip().startswith("sb3-safe train")]
+        assert lines == readme_lines, "not the README's 'Tuning across machines' commands"
+    else:
+        pytest.fail(f"no check for '% checked: {block.checked}'")
