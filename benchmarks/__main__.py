@@ -55,7 +55,17 @@ def main(argv: list[str] | None = None) -> None:
             command = "python -m benchmarks " + argv_text.replace(" all", f" {name}", 1)
             jobs = module.jobs(args.size)
             suite.run_suite(
-                name, args.out, command, args.size, min(args.jobs, len(jobs)), module.run_job, jobs, module.budget(args.size)
+                name,
+                args.out,
+                command,
+                args.size,
+                min(args.jobs, len(jobs)),
+                module.run_job,
+                jobs,
+                module.budget(args.size),
+                # A suite that names its jobs' keys is resumable: a rerun with the same --out continues it
+                job_key=getattr(module, "job_key", None),
+                row_key=getattr(module, "row_key", None),
             )
         module.report(args.out)
 

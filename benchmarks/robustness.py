@@ -1,77 +1,140 @@
 """
-Robustness map: stock SB3 vs sb3-safe on a grid around rl-zoo's tuned learning rate and entropy coefficient.
+Robustness map, second edition: can a run train through a wrong learning rate? Stock SB3 / sb3-contrib and the
+learning-rate controllers an SB3 user reaches for (peers) vs sb3-safe with and without its
+:class:`~sb3_safe.KLAdaptiveLRCallback`, on a grid around the tuned settings of five tasks.
 
-Grid: learning rate = the tuned value x (0.3, 1, 3, 10, 30, 100, 300) (a ``lin_`` schedule has its initial value
-scaled and stays linear), entropy coefficient in {tuned, 0.1}, seeds 0, 1, 2, on two tasks:
+Grid (size ``full``): learning rate = the tuned value x (0.1, 0.3, 1, 3, 10, 30, 100, 1000) (a ``lin_`` schedule has
+its initial value scaled and stays linear), entropy coefficient in {tuned, 0.1}, seeds 0, 1, 2; RecurrentPPO and
+MaskablePPO at x (1, 10, 100) with the tuned entropy coefficient only. Tasks (:data:`TASKS`, each with its peers and
+sb3-safe variants; the "+KL-lr" ones are the recommended stack; every sb3-safe variant runs the guard in rollback
+mode):
 
-- Pendulum-v1 with rl-zoo's ``ppo.yml`` entry: stock PPO, PPO with SafeMlpPolicy and KLAdaptivePPO, the two safe
-  variants with ``NonFiniteGuardCallback(on_nonfinite="rollback")``;
-- CartPole-v1 with rl-zoo's ``a2c.yml`` entry: stock A2C vs SafeA2C with the guard in rollback mode.
+- Pendulum-v1, rl-zoo's ``ppo.yml`` entry, 49,152 steps (half of zoo's 1e5; the tuned PPO has converged by then);
+- CartPole-v1, rl-zoo's ``a2c.yml`` entry, 100,000 steps (a fifth of zoo's 5e5);
+- Acrobot-v1 (exploration matters: a random policy rarely swings up), rl-zoo's ``ppo.yml`` entry, 49,152 steps
+  (zoo's 1e6 is far too long here; checked first: stock PPO at the tuned settings ends at -93, -80, -79 for seeds
+  0-2 at 49,152 steps and -84, -79 at 100,000, against -497 for a random policy);
+- CartPoleNoVel-v1, rl-zoo's ``ppo_lstm.yml`` entry (RecurrentPPO), 32,768 steps (the tuned run ends at 263 and 500
+  for seeds 0 and 1, 361 at 49,152 steps; random: 24);
+- MachineScheduling-v0, ``examples/maskable.py``'s MaskablePPO settings, its own budget of 100,000 steps.
 
-Budget (size ``full``): Pendulum-v1 49,152 steps per run (12 rollouts of 4 x 1,024; half of rl-zoo's 1e5, by which
-the tuned PPO has converged: -150 at 49k steps in the learning suite; halved so that the suite fits on the 2-core
-machine next to the full-budget MuJoCo runs), CartPole-v1 100,000 steps (a fifth of rl-zoo's 5e5); 126 Pendulum and
-84 CartPole runs. Per run: exception, non-finite parameters, guard rollbacks, final return (deterministic policy, 10
-episodes). The report (``robustness.md``) has per task the failures and rollbacks per variant, the share of grid
-cells reaching 90 % of the tuned return (normalized by a random policy's return), the worst case per learning-rate
-factor, rliable's IQM with a stratified bootstrap interval, heatmaps (``robustness_<env>.png``) and performance
-profiles (``robustness_profile.png``).
+Per run: exception, non-finite parameters, guard rollbacks and stops, updates redone by the adaptive learning rate,
+final learning rate, final return (deterministic policy, 10 episodes). The report (``robustness.md``, built by
+:mod:`benchmarks.robustness_report` from the JSONL; statistics in :mod:`benchmarks.robustness_scores`) has per
+task the failures and counts per variant, the IQM of normalized scores with a stratified bootstrap interval
+(rliable), the share of cells at >= 90 % of the tuned return, the worst case per learning-rate factor against the
+best peer's, the done-when targets of issue 23 for the recommended stack, heatmaps and performance profiles. An
+interrupted run continues where it stopped when rerun with the same ``--out`` (:func:`benchmarks.suite.run_suite`,
+keyed by :func:`job_key` / :func:`row_key`).
 
-Wall time estimate of the full size with ``--jobs 2``: measured per run on this 2-core machine at a 1-min load of
-about 1, PPO Pendulum-v1 takes about 1.5 s per 4,096-step rollout, so 37-45 s per 100k-step run for the three
-variants (half that at 49k steps), and A2C CartPole-v1 about 11 s per 100k steps plus up to 3 s of evaluation: about
-3,700 CPU-seconds in all, i.e. about 30 min on two free cores and 45-55 min when they are shared with one other busy
-process. At a load of 3-5 (the quick size's run here: 2.7 min with ``--jobs 1``) runs took 2-3 times as long, which
-would put the full size at 2-3 hours. The measured wall time is in the report's header.
+Sizing. Measured CPU-seconds of one run (training and 10 evaluation episodes, one process, one torch thread) at the
+tuned settings and the full budget, one after another, the other core idle at first (1-min load 0.8-2.3) and then
+busy with other jobs (load 3-5, the figures in brackets, whose wall time was up to 1.5x their CPU time):
+
+- Pendulum-v1 (49,152): PPO 38.4, PPO+SafeMlpPolicy+guard+KL-lr 44.1, KLAdaptivePPO+guard 46.5,
+  KLAdaptivePPO+guard+KL-lr 43.0, [PPO 41.5, PPO(target_kl=0.01) 19.1, PPO+SBX-lr 49.6; at x100 / x1000:
+  PPO 37.3, PPO+SafeMlpPolicy+guard+KL-lr 48.0 / 49.2: a wrong learning rate costs about what the tuned one does];
+- CartPole-v1 (100,000): A2C 23.4, SafeA2C+guard+KL-lr 26.8 (19 updates redone), [at x100: A2C 29.4,
+  SafeA2C+guard+KL-lr 20.5];
+- Acrobot-v1: at 100,000 steps PPO 40-46, PPO+SafeMlpPolicy+guard+KL-lr 33.0; [at 49,152 PPO 20.5-21.7];
+- CartPoleNoVel-v1: at 49,152 steps RecurrentPPO 161.5 (about 300 steps/s),
+  RecurrentPPO+SafeMlpLstmPolicy+guard+KL-lr 168.5; [at 32,768 RecurrentPPO 100-122];
+- MachineScheduling-v0 (100,000): MaskablePPO 68.5, MaskablePPO+SafeMaskableMlpPolicy+guard+KL-lr 65.2.
+
+This machine ran the same stock code about half as fast as when the first edition was measured (its rows: A2C
+CartPole-v1 100k 10.4-11.8 CPU-s, PPO Pendulum-v1 49k 17.6-23.3). With today's figures (unmeasured variants taken
+as their closest measured one) the task list as specified (6 Pendulum variants, Acrobot 100,000 and CartPoleNoVel
+49,152 steps) is about 32,400 CPU-s: 4.5 h wall with ``--jobs 2``, three times the 90 minutes aimed at. Shrunk in
+the order set for it: CartPoleNoVel-v1 49,152 -> 32,768 steps (-1,500 CPU-s), Acrobot-v1 100,000 -> 49,152
+(-4,900), Pendulum-v1 without KLAdaptivePPO+guard (-2,200); factors, seeds and ent_coef are as specified. The full
+size is then 726 runs, about 23,800 CPU-s (Pendulum 9,300, CartPole 5,000, Acrobot 4,700, CartPoleNoVel 3,000,
+MachineScheduling 1,800): about 3.3 h wall with ``--jobs 2`` on this machine today, about
+1.7 h at the first edition's speed; still over the 90 minutes: the further cuts (not made) are the lead's to
+choose. ``--quick`` (3 factors, 1 seed, short budgets): QUICK.
 """
 
 import functools
 import inspect
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from benchmarks import aggregate, configs, reports, suite, training, variants
+from benchmarks import configs, training, variants
 
 SUITE = "robustness"
 #: Learning rate = tuned x factor: log-spaced around 1, mostly above it (too high is the common mistake)
-LR_FACTORS = {"tiny": (1.0, 100.0), "quick": (1.0, 30.0, 300.0), "full": (0.3, 1.0, 3.0, 10.0, 30.0, 100.0, 300.0)}
-#: The entropy coefficient besides the tuned one (both tuned entries use 0.0: no entropy bonus)
+LR_FACTORS = {"tiny": (1.0, 100.0), "quick": (0.1, 1.0, 100.0), "full": (0.1, 0.3, 1.0, 3.0, 10.0, 30.0, 100.0, 1000.0)}
+#: The factors of the two sb3-contrib tasks (RecurrentPPO, MaskablePPO): the tuned one and two too high
+FEW_LR_FACTORS = {"tiny": (1.0, 100.0), "quick": (1.0, 100.0), "full": (1.0, 10.0, 100.0)}
+#: The entropy coefficient besides the tuned one
 HIGH_ENT_COEF = 0.1
 #: Entropy coefficients per size: the tuned one only, or also HIGH_ENT_COEF
-ENT_COEF_CHOICES = {"tiny": ("tuned",), "quick": ("tuned",), "full": ("tuned", "high")}
+ENT_CHOICES = {"tiny": ("tuned",), "quick": ("tuned",), "full": ("tuned", "high")}
+TUNED_ENT_ONLY = {"tiny": ("tuned",), "quick": ("tuned",), "full": ("tuned",)}
 SEEDS = {"tiny": (0,), "quick": (0,), "full": (0, 1, 2)}
 EVAL_EPISODES = {"tiny": 1, "quick": 5, "full": 10}
-#: A grid cell (seed mean of normalized scores) "reaches the tuned return" at this share of it
-REACH_THRESHOLD = 0.9
-#: Episodes of the uniform random policy whose mean return is the 0 of the normalized score
+#: Episodes of the random policy whose mean return is the 0 of the normalized score
 RANDOM_EPISODES = 100
+#: ``Task.config_source`` of the masked-action task (its settings are ``examples/maskable.py``'s, not rl-zoo's)
+MASKABLE = "maskable"
 
 
 @dataclass(frozen=True)
 class Task:
     """
-    One environment with one rl-zoo entry and the variants compared on it.
+    One environment, where its settings come from, and the variants compared on it.
 
     :param env_id: the environment (and the task's name in rows and file names)
-    :param zoo_file: the rl-zoo file read (``"ppo"`` or ``"a2c"``)
-    :param stock: the stock variant (its return at the tuned settings is the 1 of the normalized score)
+    :param config_source: the rl-zoo file read (``"ppo"``, ``"a2c"``, ``"ppo_lstm"``), or :data:`MASKABLE` for
+        ``examples/maskable.py``'s settings (:func:`benchmarks.configs.maskable_config`)
+    :param stock: the stock variant: its mean return at the tuned settings is the 1 of the normalized score
+    :param peers: the other peers (what an SB3 user has without sb3-safe); the stock variant is a peer too
     :param safe: the sb3-safe variants
-    :param timesteps: training budget per size; tiny: one rollout of the zoo's settings (Pendulum: 4 x 1024)
+    :param recommended: the sb3-safe variants of the recommended stack, whose targets the report checks
+    :param timesteps: training budget per size
+    :param factors: learning-rate factors per size
+    :param ent_choices: ``"tuned"`` and / or ``"high"`` (:data:`HIGH_ENT_COEF`) per size
+    :param overrides: settings changed at a size (tiny: shorter rollouts, so that the smoke test takes seconds)
+    :param note: what the report says about this task's budget or peers
+    :param run_s: measured seconds of one stock run at the tuned settings and the full budget (see the module's
+        sizing): the longest tasks' jobs are handed out first so that the pool's processes end together
     """
 
     env_id: str
-    zoo_file: str
+    config_source: str
     stock: str
+    peers: tuple[str, ...]
     safe: tuple[str, ...]
-    timesteps: dict[str, int] = field(default_factory=dict)
+    recommended: tuple[str, ...]
+    timesteps: dict[str, int]
+    factors: dict[str, tuple[float, ...]] = field(default_factory=lambda: LR_FACTORS)
+    ent_choices: dict[str, tuple[str, ...]] = field(default_factory=lambda: ENT_CHOICES)
+    overrides: dict[str, dict[str, Any]] = field(default_factory=dict)
+    note: str = ""
+    run_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not set(self.recommended) <= set(self.safe):
+            raise ValueError(f"{self.env_id}: recommended variants {self.recommended} must be among safe {self.safe}")
+        unknown = [name for name in self.variants if name not in variants.VARIANTS]
+        if unknown:
+            raise ValueError(f"{self.env_id}: unknown variants {unknown}")
+
+    @property
+    def peer_variants(self) -> tuple[str, ...]:
+        """The stock variant and the other peers."""
+        return (self.stock, *self.peers)
 
     @property
     def variants(self) -> tuple[str, ...]:
-        return (self.stock, *self.safe)
+        return (*self.peer_variants, *self.safe)
+
+    @property
+    def algo(self) -> str:
+        """The stock algorithm's name (``"PPO"``, ``"A2C"``, ``"RecurrentPPO"``, ``"MaskablePPO"``)."""
+        return variants.VARIANTS[self.stock].algo
 
 
 TASKS = {
@@ -81,35 +144,106 @@ TASKS = {
             "Pendulum-v1",
             "ppo",
             "PPO",
-            ("PPO+SafeMlpPolicy+guard", "KLAdaptivePPO+guard"),
-            dict(tiny=4_096, quick=16_384, full=49_152),
+            ("PPO(target_kl=0.01)", "PPO+SBX-lr"),
+            # KLAdaptivePPO+guard (without the adaptive lr) left out to fit the budget: see the module's sizing
+            ("PPO+SafeMlpPolicy+guard+KL-lr", "KLAdaptivePPO+guard+KL-lr"),
+            ("PPO+SafeMlpPolicy+guard+KL-lr", "KLAdaptivePPO+guard+KL-lr"),
+            dict(tiny=512, quick=8_192, full=49_152),
+            overrides=dict(tiny=dict(n_steps=64)),
+            note="49,152 steps: half of zoo's 1e5, by which the tuned PPO has converged (learning suite)."
+            " KLAdaptivePPO+guard without the adaptive lr is not run here (budget): the first edition has it.",
+            run_s=38.4,
         ),
-        Task("CartPole-v1", "a2c", "A2C", ("SafeA2C+guard",), dict(tiny=1_000, quick=20_000, full=100_000)),
+        Task(
+            "CartPole-v1",
+            "a2c",
+            "A2C",
+            (),
+            ("SafeA2C+guard", "SafeA2C+guard+KL-lr", "A2C+SafeMlpPolicy+guard+KL-lr"),
+            ("SafeA2C+guard+KL-lr", "A2C+SafeMlpPolicy+guard+KL-lr"),
+            dict(tiny=1_000, quick=20_000, full=100_000),
+            note="100,000 steps: a fifth of zoo's 5e5. The only peer is stock A2C: A2C has no `target_kl` (one"
+            " gradient step per update, nothing to stop early), and SBX's rule is defined on PPO's per-minibatch"
+            " ratio, so these peers do not exist for A2C.",
+            run_s=23.4,
+        ),
+        Task(
+            "Acrobot-v1",
+            "ppo",
+            "PPO",
+            ("PPO(target_kl=0.01)", "PPO+SBX-lr"),
+            ("PPO+SafeMlpPolicy+guard+KL-lr", "KLAdaptivePPO+guard+KL-lr"),
+            ("PPO+SafeMlpPolicy+guard+KL-lr", "KLAdaptivePPO+guard+KL-lr"),
+            dict(tiny=512, quick=8_192, full=49_152),
+            overrides=dict(tiny=dict(n_steps=16)),
+            note="49,152 steps (12 rollouts of 16 x 256), a twentieth of zoo's 1e6, to fit the budget: stock PPO at the"
+            " tuned settings is far above the random policy by then (references below).",
+            run_s=21.0,
+        ),
+        Task(
+            "CartPoleNoVel-v1",
+            "ppo_lstm",
+            "RecurrentPPO",
+            ("RecurrentPPO(target_kl=0.01)",),
+            ("RecurrentPPO+SafeMlpLstmPolicy+guard+KL-lr",),
+            ("RecurrentPPO+SafeMlpLstmPolicy+guard+KL-lr",),
+            dict(tiny=256, quick=2_048, full=32_768),
+            FEW_LR_FACTORS,
+            TUNED_ENT_ONLY,
+            overrides=dict(tiny=dict(n_epochs=2)),
+            note="32,768 steps (128 rollouts of 8 x 32), a third of zoo's 1e5, to fit the budget (the tuned run learns"
+            " by then: references below). Peers: stock and `target_kl=0.01` (`benchmarks/variants.py` has no"
+            " `+SBX-lr` variant of RecurrentPPO).",
+            run_s=108.0,
+        ),
+        Task(
+            configs.MACHINE_SCHEDULING,
+            MASKABLE,
+            "MaskablePPO",
+            ("MaskablePPO(target_kl=0.01)",),
+            ("MaskablePPO+SafeMaskableMlpPolicy+guard+KL-lr",),
+            ("MaskablePPO+SafeMaskableMlpPolicy+guard+KL-lr",),
+            dict(tiny=512, quick=8_192, full=100_000),
+            FEW_LR_FACTORS,
+            TUNED_ENT_ONLY,
+            note="The example's own budget (100,000 steps, i.e. 196 whole rollouts of 4 x 128). Peers: stock and"
+            " `target_kl=0.01` (`benchmarks/variants.py` has no `+SBX-lr` variant of MaskablePPO).",
+            run_s=68.5,
+        ),
     )
 }
 
 
 # --------------------------------------------------------------------------------------------------------------
-# The grid
+# Settings of the grid
 # --------------------------------------------------------------------------------------------------------------
+
+
+def task_config(task: Task, **overrides: Any) -> configs.ZooConfig:
+    """The task's settings (rl-zoo's entry, or the maskable example's) with ``overrides``."""
+    if task.config_source == MASKABLE:
+        return configs.maskable_config(**overrides)
+    return configs.zoo_config(task.config_source, task.env_id, **overrides)
+
+
+def stock_class(task: Task) -> type:
+    """The stock algorithm's class (its defaults fill what an entry leaves out, as rl-zoo's training does)."""
+    from sb3_contrib import MaskablePPO, RecurrentPPO
+    from stable_baselines3 import A2C, PPO
+
+    return {"PPO": PPO, "A2C": A2C, "RecurrentPPO": RecurrentPPO, "MaskablePPO": MaskablePPO}[task.algo]
 
 
 def tuned_settings(task: Task) -> tuple[Any, float]:
     """
-    The zoo entry's learning rate (a float or zoo's linear schedule) and entropy coefficient; where the entry sets
-    none (a2c.yml's CartPole-v1 sets no learning rate), the stock algorithm's default, which rl-zoo then trains with.
+    The entry's learning rate (a float or zoo's linear schedule) and entropy coefficient; where the entry sets none
+    (``a2c.yml``'s CartPole-v1 and ``ppo.yml``'s Acrobot-v1 set no learning rate), the stock algorithm's default.
     """
-    config = configs.zoo_config(task.zoo_file, task.env_id)
-    defaults = inspect.signature(_stock_class(task).__init__).parameters
+    config = task_config(task)
+    defaults = inspect.signature(stock_class(task).__init__).parameters
     learning_rate = config.kwargs.get("learning_rate", defaults["learning_rate"].default)
     ent_coef = float(config.kwargs.get("ent_coef", defaults["ent_coef"].default))
     return learning_rate, ent_coef
-
-
-def _stock_class(task: Task) -> type:
-    from stable_baselines3 import A2C, PPO
-
-    return {"PPO": PPO, "A2C": A2C}[variants.VARIANTS[task.stock].algo]
 
 
 def initial_learning_rate(learning_rate: Any) -> float:
@@ -125,7 +259,7 @@ def initial_learning_rate(learning_rate: Any) -> float:
 
 def scaled_learning_rate(learning_rate: Any, factor: float) -> float | str:
     """
-    ``learning_rate`` x ``factor`` as a zoo override: a float, or for zoo's ``lin_`` schedule the string
+    ``learning_rate`` x ``factor`` as an override: a float, or for zoo's ``lin_`` schedule the string
     ``lin_<initial value x factor>``, so the whole schedule is scaled and stays linear (to 0 at the end).
     """
     from rl_zoo3.utils import SimpleLinearSchedule
@@ -135,32 +269,50 @@ def scaled_learning_rate(learning_rate: Any, factor: float) -> float | str:
 
 
 def ent_coefs(task: Task, size: str) -> list[float]:
-    """The entropy coefficients of the grid at ``size`` (one if the tuned one is HIGH_ENT_COEF)."""
+    """The entropy coefficients of the task's grid at ``size`` (one if the tuned one is HIGH_ENT_COEF)."""
     tuned = tuned_settings(task)[1]
-    values = [tuned if choice == "tuned" else HIGH_ENT_COEF for choice in ENT_COEF_CHOICES[size]]
-    return sorted(set(values))
+    return sorted({tuned if choice == "tuned" else HIGH_ENT_COEF for choice in task.ent_choices[size]})
 
 
-def jobs(size: str) -> list[tuple[str, str, float, float, int, int, int]]:
-    """(task, variant, lr factor, ent_coef, seed, timesteps, eval episodes), the slow PPO task first."""
-    tasks = sorted(TASKS.values(), key=lambda task: task.zoo_file != "ppo")
+# --------------------------------------------------------------------------------------------------------------
+# Jobs
+# --------------------------------------------------------------------------------------------------------------
+
+#: (task, variant, lr factor, ent_coef, seed, size)
+Job = tuple[str, str, float, float, int, str]
+
+
+def jobs(size: str) -> list[Job]:
+    """Every run of the grid at ``size``, the longest tasks' first."""
+    tasks = sorted(TASKS.values(), key=lambda task: -task.run_s)
     return [
-        (task.env_id, variant, factor, ent_coef, seed, task.timesteps[size], EVAL_EPISODES[size])
+        (task.env_id, variant, factor, ent_coef, seed, size)
         for task in tasks
-        for factor in LR_FACTORS[size]
+        for factor in task.factors[size]
         for ent_coef in ent_coefs(task, size)
         for seed in SEEDS[size]
         for variant in task.variants
     ]
 
 
-def run_job(job: tuple[str, str, float, float, int, int, int]) -> list[dict[str, Any]]:
+def job_key(job: Job) -> tuple[str, str, float, float, int]:
+    """What identifies a run: (task, variant, lr factor, ent_coef, seed); a rerun skips the keys already written."""
+    return job[:5]
+
+
+def row_key(row: dict[str, Any]) -> tuple[str, str, float, float, int]:
+    """:func:`job_key` of the job that wrote ``row``."""
+    return row["task"], row["variant"], row["lr_factor"], row["ent_coef"], row["seed"]
+
+
+def run_job(job: Job) -> list[dict[str, Any]]:
     """Train and evaluate one grid cell's run; crashes are results."""
-    env_id, variant, factor, ent_coef, seed, timesteps, episodes = job
+    env_id, variant, factor, ent_coef, seed, size = job
     task = TASKS[env_id]
     tuned_lr, _ = tuned_settings(task)
-    config = configs.zoo_config(task.zoo_file, env_id, learning_rate=scaled_learning_rate(tuned_lr, factor), ent_coef=ent_coef)
-    row = training.train(variants.VARIANTS[variant], env_id, config, timesteps, seed, episodes)
+    overrides = dict(task.overrides.get(size, {}), learning_rate=scaled_learning_rate(tuned_lr, factor), ent_coef=ent_coef)
+    config = task_config(task, **overrides)
+    row = training.train(variants.VARIANTS[variant], env_id, config, task.timesteps[size], seed, EVAL_EPISODES[size])
     return [
         dict(
             task=env_id,
@@ -174,405 +326,59 @@ def run_job(job: tuple[str, str, float, float, int, int, int]) -> list[dict[str,
 
 
 def budget(size: str) -> dict[str, Any]:
-    """The budget recorded in the JSONL meta row."""
+    """The grid recorded in the JSONL meta row (a resumed run must have the same)."""
     return dict(
         seeds=list(SEEDS[size]),
         eval_episodes=EVAL_EPISODES[size],
-        lr_factors=list(LR_FACTORS[size]),
-        ent_coefs={env_id: ent_coefs(task, size) for env_id, task in TASKS.items()},
-        timesteps={env_id: task.timesteps[size] for env_id, task in TASKS.items()},
+        tasks={
+            env_id: dict(
+                lr_factors=list(task.factors[size]),
+                ent_coefs=ent_coefs(task, size),
+                timesteps=task.timesteps[size],
+                overrides=task.overrides.get(size, {}),
+                variants=list(task.variants),
+            )
+            for env_id, task in TASKS.items()
+        },
     )
 
 
+def report(out: Path) -> None:
+    """``robustness.md`` and its plots from the JSONL (:func:`benchmarks.robustness_report.report`)."""
+    # Imported here: the report module reads this one's tasks
+    from benchmarks import robustness_report
+
+    robustness_report.report(out)
+
+
 # --------------------------------------------------------------------------------------------------------------
-# Scores
+# The random policy (0 of the normalized score)
 # --------------------------------------------------------------------------------------------------------------
 
 
 @functools.cache
 def random_return(env_id: str, episodes: int = RANDOM_EPISODES, seed: int = 0) -> float:
-    """Mean return of uniformly random actions over ``episodes`` seeded episodes: the 0 of the normalized score."""
+    """
+    Mean return of a uniformly random policy over ``episodes`` seeded episodes. On an env with action masks
+    (MachineScheduling-v0) the random policy picks uniformly among the allowed actions, as MaskablePPO acts only
+    among them: the example's "random ready machine".
+    """
     import gymnasium as gym
 
+    training.register_envs(env_id)
     env = gym.make(env_id)
     env.action_space.seed(seed)
+    masks = getattr(env.unwrapped, "action_masks", None)
+    rng = np.random.default_rng(seed)
     returns = []
     for episode in range(episodes):
         env.reset(seed=seed + episode)
         total, done = 0.0, False
         while not done:
-            _, reward, terminated, truncated, _ = env.step(env.action_space.sample())
+            action = rng.choice(np.flatnonzero(masks())) if masks is not None else env.action_space.sample()
+            _, reward, terminated, truncated, _ = env.step(action)
             total += float(reward)
             done = terminated or truncated
         returns.append(total)
     env.close()
     return float(np.mean(returns))
-
-
-def failed(row: dict[str, Any]) -> bool:
-    """An exception in ``learn()`` or in the evaluation, or non-finite parameters: the run has no valid return."""
-    return (
-        bool(row["error"]) or bool(row.get("eval_error")) or not row["params_finite"] or not math.isfinite(row["final_return"])
-    )
-
-
-@dataclass
-class TaskResults:
-    """
-    One task's runs arranged on the grid, with the references of its normalized score.
-
-    :param task: the task
-    :param cells: per variant, the runs of each (lr factor, ent_coef) cell
-    :param factors: the learning-rate factors run
-    :param ent_coefs: the entropy coefficients run
-    :param tuned_ent_coef: the zoo's entropy coefficient
-    :param random: mean return of a random policy (normalized score 0)
-    :param tuned: the stock variant's mean return at factor 1 and the tuned ent_coef (normalized score 1; NaN if it
-        has no finite run there)
-    """
-
-    task: Task
-    cells: dict[str, dict[tuple[float, float], list[dict[str, Any]]]]
-    factors: list[float]
-    ent_coefs: list[float]
-    tuned_ent_coef: float
-    random: float
-    tuned: float
-
-    @property
-    def normalizable(self) -> bool:
-        """Whether the tuned return is above the random one: otherwise a normalized score means nothing."""
-        return math.isfinite(self.tuned) and self.tuned > self.random
-
-    def score(self, row: dict[str, Any]) -> float:
-        """Normalized score of a run; a failed run scores 0, the random policy's score."""
-        if failed(row):
-            return 0.0
-        return float(aggregate.normalize(np.array([row["final_return"]]), self.random, self.tuned)[0])
-
-    def cell_scores(self, variant: str) -> dict[tuple[float, float], float]:
-        """Seed mean of the normalized scores per cell."""
-        return {cell: float(np.mean([self.score(row) for row in rows])) for cell, rows in self.cells[variant].items()}
-
-    def score_matrix(self, variant: str) -> np.ndarray:
-        """``(seeds, cells)`` normalized scores for rliable, over the cells that have every seed (complete cells)."""
-        seeds = max(len(rows) for cells in self.cells.values() for rows in cells.values())
-        columns = [
-            [self.score(row) for row in sorted(rows, key=lambda row: row["seed"])]
-            for _, rows in sorted(self.cells[variant].items())
-            if len(rows) == seeds
-        ]
-        return np.array(columns, dtype=float).T.reshape(seeds, len(columns))
-
-
-def task_results(task: Task, runs: list[dict[str, Any]]) -> TaskResults:
-    """Arrange a task's runs by variant and cell and compute its reference returns."""
-    rows = [row for row in runs if row["task"] == task.env_id]
-    cells: dict[str, dict[tuple[float, float], list[dict[str, Any]]]] = {variant: {} for variant in task.variants}
-    for row in rows:
-        cells.setdefault(row["variant"], {}).setdefault((row["lr_factor"], row["ent_coef"]), []).append(row)
-    tuned_ent_coef = tuned_settings(task)[1]
-    at_tuned = [row["final_return"] for row in cells[task.stock].get((1.0, tuned_ent_coef), []) if not failed(row)]
-    return TaskResults(
-        task,
-        cells,
-        sorted({row["lr_factor"] for row in rows}),
-        sorted({row["ent_coef"] for row in rows}),
-        tuned_ent_coef,
-        random_return(task.env_id),
-        float(np.mean(at_tuned)) if at_tuned else float("nan"),
-    )
-
-
-# --------------------------------------------------------------------------------------------------------------
-# Report
-# --------------------------------------------------------------------------------------------------------------
-
-HEADLINE_HEADER = [
-    "variant",
-    "runs crashed or non-finite (of N)",
-    "exceptions / non-finite params / evaluation errors",
-    "guard rollbacks (total)",
-    "runs stopped by the guard",
-    "skipped optimizer steps (total)",
-    f"cells reaching >= {REACH_THRESHOLD:.0%} of the tuned return",
-]
-
-
-def report(out: Path) -> None:
-    """``robustness.md``, ``robustness_<env>.png`` (heatmaps) and ``robustness_profile.png`` from the JSONL."""
-    meta, runs = suite.read_jsonl(out / f"{SUITE}.jsonl")
-    results = [task_results(task, runs) for task in TASKS.values() if any(row["task"] == task.env_id for row in runs)]
-    grid = meta.get("budget", {})
-    lines = reports.report_header(
-        "Robustness map: learning rate x entropy coefficient around rl-zoo's tuned settings, stock SB3 vs sb3-safe",
-        meta,
-        [
-            f"Grid: learning rate = tuned x ({', '.join(f'{factor:g}' for factor in grid.get('lr_factors', []))});"
-            " ent_coef ("
-            + " / ".join(
-                f"{env_id}: {', '.join(f'{ent:g}' for ent in ents)}" for env_id, ents in grid.get("ent_coefs", {}).items()
-            )
-            + ")"
-            + f"; seeds {grid.get('seeds')}; timesteps per run "
-            + ", ".join(f"{env_id} {steps:,}" for env_id, steps in grid.get("timesteps", {}).items())
-            + f"; final return: deterministic policy, {grid.get('eval_episodes')} evaluation episodes on a fresh env.",
-            "Hyperparameters: otherwise rl-zoo's tuned entries, read from the installed `rl_zoo3/hyperparams/`:",
-            "Variants: stock SB3 (MlpPolicy); PPO with SafeMlpPolicy; KLAdaptivePPO and SafeA2C (their defaults); every"
-            " sb3-safe variant with `NonFiniteGuardCallback(on_nonfinite='rollback')` (each rollback restores the last"
-            " healthy state and halves the learning rate; after 3 rollbacks the guard stops training, and the run is"
-            " evaluated as it stands: 'stopped by the guard').",
-            "Failed run: an exception in `learn()` or in the evaluation, or non-finite parameters at the end. Its return"
-            " is NaN: the worst return in the worst-case tables, normalized score 0 (the random policy's) in the shares,"
-            " the IQM, the heatmaps' colour and the performance profiles.",
-            "Normalized score: (return - random) / (tuned - random); random: the mean return of uniformly random actions"
-            f" over {RANDOM_EPISODES} seeded episodes; tuned: the stock variant's mean return at factor 1 and the tuned"
-            " ent_coef in this run (values per task below). A cell (learning rate, ent_coef) 'reaches the tuned return'"
-            f" when its seed mean score is >= {REACH_THRESHOLD}.",
-        ],
-    )
-    # The zoo entries as sub-items of the hyperparameters item
-    at = next(i for i, line in enumerate(lines) if line.startswith("- Hyperparameters")) + 1
-    lines[at:at] = [f"  - {_describe(result.task, _timesteps(result))}" for result in results]
-    for result in results:
-        lines += _task_section(result)
-    lines += [
-        "## Performance profiles",
-        "",
-        "Share of runs (all cells and seeds) with a normalized score above each threshold, 95 % stratified bootstrap"
-        " bands (rliable); failed runs score 0.",
-        "",
-        f"![profiles]({SUITE}_profile.png)",
-    ]
-    reports.write_report(out / f"{SUITE}.md", lines)
-    for result in results:
-        plot_heatmaps(result, out)
-    plot_profiles(results, out)
-
-
-def _describe(task: Task, timesteps: int) -> str:
-    """The zoo entry and how its learning rate and entropy coefficient are set."""
-    learning_rate, ent_coef = tuned_settings(task)
-    config = configs.zoo_config(task.zoo_file, task.env_id)
-    if "learning_rate" not in config.kwargs:
-        source = f"{_stock_class(task).__name__}'s default {learning_rate:g} (the entry sets none)"
-    elif callable(learning_rate):
-        source = f"lin_{initial_learning_rate(learning_rate):g} (initial value scaled, schedule kept linear)"
-    else:
-        source = f"{learning_rate:g} (constant)"
-    return f"{configs.describe_zoo(config, timesteps)}; tuned learning rate {source}, tuned ent_coef {ent_coef:g}"
-
-
-def _timesteps(result: TaskResults) -> int:
-    return max(row["timesteps"] for cells in result.cells.values() for rows in cells.values() for row in rows)
-
-
-def _task_section(result: TaskResults) -> list[str]:
-    """A task's headline table, worst case per learning-rate factor, IQM and heatmaps."""
-    task = result.task
-    at_tuned = result.cells[task.stock].get((1.0, result.tuned_ent_coef), [])
-    n_valid = sum(not failed(row) for row in at_tuned)
-    lines = [
-        f"## {task.env_id}: {task.stock} vs {', '.join(task.safe)}",
-        "",
-        f"References: random policy {result.random:.1f}; tuned return {result.tuned:.1f} ({task.stock} at factor 1,"
-        f" ent_coef {result.tuned_ent_coef:g}, mean of the {n_valid} run(s) with a valid return of {len(at_tuned)}).",
-        "",
-    ]
-    if not result.normalizable:
-        lines += [
-            "**The tuned return does not exceed the random policy's at this budget: normalized scores, shares and IQM are"
-            " not defined (n/a).**",
-            "",
-        ]
-    headline = []
-    for variant in task.variants:
-        rows = [row for cells in result.cells[variant].values() for row in cells]
-        exceptions = sum(bool(row["error"]) for row in rows)
-        nonfinite = sum(not row["params_finite"] for row in rows)
-        eval_errors = sum(bool(row.get("eval_error")) for row in rows)
-        cells = result.cell_scores(variant)
-        reached = sum(score >= REACH_THRESHOLD for score in cells.values())
-        headline.append(
-            [
-                variant,
-                f"{sum(failed(row) for row in rows)} of {len(rows)}",
-                f"{exceptions} / {nonfinite} / {eval_errors}",
-                _total(rows, "guard_rollbacks"),
-                _total(rows, "guard_stopped"),
-                _total(rows, "skipped_updates"),
-                f"{reached} of {len(cells)} ({reached / len(cells):.0%})" if result.normalizable and cells else "n/a",
-            ]
-        )
-    lines += ["### Headline", "", *reports.table(HEADLINE_HEADER, headline), ""]
-    lines += _worst_case(result)
-    if result.normalizable:
-        scores = {variant: result.score_matrix(variant) for variant in task.variants}
-        lines += [
-            "### IQM of the normalized scores over all cells",
-            "",
-            *aggregate.markdown_table(scores, digits=2, label="IQM normalized score"),
-            "",
-            "Runs x tasks: seeds x grid cells (the bootstrap resamples seeds within each cell"
-            + (
-                "; with one seed there is nothing to resample: the interval is the point)."
-                if len(scores[task.stock]) < 2
-                else ")."
-            ),
-            "",
-        ]
-    lines += [
-        f"![{task.env_id}]({SUITE}_{task.env_id}.png)",
-        "",
-        "Heatmaps: colour = mean final return over seeds (a failed run counted at the random policy's return), one"
-        " colour scale per task; 'xN': N failed seeds; 'rN': N guard rollbacks in the cell's runs.",
-        "",
-    ]
-    errors = [
-        f"- {variant}: " + "; ".join(f"`{error}`" for error in sorted(messages))
-        for variant in task.variants
-        if (messages := {_error_text(row) for rows in result.cells[variant].values() for row in rows if failed(row)})
-    ]
-    if errors:
-        lines += ["Failures (type: first line):", "", *errors, ""]
-    return lines
-
-
-def _worst_case(result: TaskResults) -> list[str]:
-    """Per learning-rate factor, each variant's worst return and whether each safe variant's is >= stock's."""
-    task = result.task
-    rows, verdicts = [], {variant: [] for variant in task.safe}
-    for factor in result.factors:
-        worst = {variant: _worst(result, variant, factor) for variant in task.variants}
-        cells = [f"x{factor:g}", *[text for _, text in worst.values()]]
-        for variant in task.safe:
-            safe, stock = worst[variant][0], worst[task.stock][0]
-            if math.isinf(safe) and math.isinf(stock):
-                cells.append("tie (both have failed runs)")
-                verdicts[variant].append(True)
-            else:
-                cells.append("yes" if safe >= stock else "**no**")
-                verdicts[variant].append(safe >= stock)
-        rows.append(cells)
-    header = [
-        "lr factor",
-        *[f"{variant} worst return" for variant in task.variants],
-        *[f"{variant} >= {task.stock}?" for variant in task.safe],
-    ]
-    lines = [
-        "### Worst case per learning-rate factor",
-        "",
-        f"Minimum final return over ent_coef ({', '.join(f'{ent:g}' for ent in result.ent_coefs)}) and seeds;"
-        " 'failed k of n': k runs without a valid return, which rank below any return.",
-        "",
-        *reports.table(header, rows),
-        "",
-    ]
-    for variant, passed in verdicts.items():
-        below = [f"x{factor:g}" for factor, ok in zip(result.factors, passed, strict=True) if not ok]
-        lines.append(
-            f"- {variant}: worst case >= {task.stock}'s at {sum(passed)} of {len(passed)} learning-rate factors"
-            + (f"; below it at {', '.join(below)}." if below else ".")
-        )
-    seeds = max((len(rows) for rows in result.cells[task.stock].values()), default=0)
-    n_runs = len(result.ent_coefs) * seeds
-    lines += [
-        f"- A minimum over {n_runs} run{'s' if n_runs != 1 else ''} per factor and variant: a single run decides it, so"
-        " a 'no' or 'yes' between two finite returns is within seed noise unless the gap is large.",
-        "",
-    ]
-    return lines
-
-
-def _worst(result: TaskResults, variant: str, factor: float) -> tuple[float, str]:
-    """(sort key, text): the minimum return at ``factor``, -inf when a run there failed."""
-    rows = [row for (f, _), cell in result.cells[variant].items() if f == factor for row in cell]
-    if not rows:
-        return float("nan"), "n/a"
-    n_failed = sum(failed(row) for row in rows)
-    if n_failed:
-        return float("-inf"), f"failed {n_failed} of {len(rows)}"
-    worst = min(row["final_return"] for row in rows)
-    return worst, f"{worst:.1f}"
-
-
-def _total(rows: list[dict[str, Any]], key: str) -> int | str:
-    """Sum of ``key`` over the rows, ``-`` where the variant does not record it (no guard, stock algorithm)."""
-    values = [row[key] for row in rows if row.get(key) is not None]
-    return int(sum(values)) if values else "-"
-
-
-def _error_text(row: dict[str, Any]) -> str:
-    if row["error"]:
-        return row["error"]
-    if row.get("eval_error"):
-        return f"in evaluation: {row['eval_error']}"
-    return "non-finite parameters"
-
-
-# --------------------------------------------------------------------------------------------------------------
-# Plots
-# --------------------------------------------------------------------------------------------------------------
-
-
-def plot_heatmaps(result: TaskResults, out: Path) -> None:
-    """One panel per variant: rows ent_coef, columns learning-rate factor, colour the seed mean return."""
-    plt = reports.pyplot()
-    task = result.task
-    means, texts = {}, {}
-    for variant in task.variants:
-        grid = np.full((len(result.ent_coefs), len(result.factors)), np.nan)
-        text = np.full(grid.shape, "", dtype=object)
-        for (factor, ent_coef), rows in result.cells[variant].items():
-            i, j = result.ent_coefs.index(ent_coef), result.factors.index(factor)
-            # A failed run has no return: it counts as the random policy's, as in the aggregates
-            grid[i, j] = np.mean([result.random if failed(row) else row["final_return"] for row in rows])
-            n_failed = sum(failed(row) for row in rows)
-            rollbacks = sum(row["guard_rollbacks"] or 0 for row in rows)
-            text[i, j] = (
-                f"{grid[i, j]:.0f}" + (f"\nx{n_failed}" if n_failed else "") + (f"\nr{rollbacks}" if rollbacks else "")
-            )
-        means[variant], texts[variant] = grid, text
-    values = np.concatenate([grid[np.isfinite(grid)] for grid in means.values()])
-    low, high = (float(values.min()), float(values.max())) if len(values) else (0.0, 1.0)
-    if high <= low:
-        low, high = low - 1.0, high + 1.0
-    n = len(task.variants)
-    figure, axes = plt.subplots(
-        1,
-        n + 1,
-        figsize=(1.0 + n * (1.2 + 0.75 * len(result.factors)), 1.6 + 0.9 * len(result.ent_coefs)),
-        gridspec_kw=dict(width_ratios=[1.0] * n + [0.05]),
-    )
-    image = None
-    for axis, variant in zip(axes[:-1], task.variants, strict=True):
-        image = axis.imshow(means[variant], vmin=low, vmax=high, cmap="viridis", aspect="auto", origin="lower")
-        for (i, j), text in np.ndenumerate(texts[variant]):
-            # Dark text on the bright end of viridis, white on the dark end
-            bright = np.isfinite(means[variant][i, j]) and means[variant][i, j] > (low + high) / 2
-            axis.text(j, i, text, ha="center", va="center", fontsize=7, color="black" if bright else "white")
-        axis.set_xticks(range(len(result.factors)), [f"x{factor:g}" for factor in result.factors], fontsize=8)
-        axis.set_yticks(range(len(result.ent_coefs)), [f"{ent:g}" for ent in result.ent_coefs], fontsize=8)
-        axis.set(title=variant, xlabel="learning rate / tuned", ylabel="ent_coef")
-        axis.title.set_fontsize(9)
-    assert image is not None
-    figure.colorbar(image, cax=axes[-1], label="mean final return")
-    figure.suptitle(f"{task.env_id}: final return over the grid (xN failed seeds, rN rollbacks)", fontsize=10)
-    reports.save_figure(figure, out / f"{SUITE}_{task.env_id}.png")
-
-
-def plot_profiles(results: list[TaskResults], out: Path) -> None:
-    """Performance profiles of the normalized scores, one panel per task (a note where they are not defined)."""
-    plt = reports.pyplot()
-    figure, axes = plt.subplots(1, max(len(results), 1), figsize=(6 * max(len(results), 1), 4), squeeze=False)
-    for axis, result in zip(axes[0], results, strict=False):
-        axis.set_title(result.task.env_id)
-        if not result.normalizable:
-            axis.text(0.5, 0.5, "tuned return <= random return:\nno normalized score", ha="center", va="center")
-            axis.set_axis_off()
-            continue
-        scores = {variant: result.score_matrix(variant) for variant in result.task.variants}
-        top = max(1.25, max(float(np.max(matrix)) for matrix in scores.values() if matrix.size))
-        aggregate.performance_profile(axis, scores, np.linspace(0.0, top, 61))
-        axis.axvline(REACH_THRESHOLD, color="grey", linestyle=":", linewidth=1)
-    reports.save_figure(figure, out / f"{SUITE}_profile.png")

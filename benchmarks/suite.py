@@ -7,7 +7,7 @@ import multiprocessing
 import os
 import platform
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -98,17 +98,92 @@ def run_suite(
     function: Callable[[Any], list[dict[str, Any]]],
     jobs: list[Any],
     budget: dict[str, Any],
+    job_key: Callable[[Any], Hashable] | None = None,
+    row_key: Callable[[dict[str, Any]], Hashable] | None = None,
 ) -> None:
-    """Run a suite's jobs, write ``<suite>.jsonl`` (meta row first, completed with the end state)."""
+    """
+    Run a suite's jobs, write ``<suite>.jsonl`` (meta row first, completed with the end state).
+
+    With ``job_key`` and ``row_key`` the suite is resumable: if ``<suite>.jsonl`` already holds rows of the same
+    suite, size and budget (an interrupted or finished run), the jobs whose key is among its rows' are skipped and
+    the others' rows appended, so that a rerun with the same ``out`` continues where the last one stopped. The final
+    meta row's ``wall_s`` is then the sum over the sessions (an interrupted one counted up to its last row).
+
+    :param job_key: what identifies a job
+    :param row_key: the key of the job that wrote a row
+    """
     path = out / f"{suite}.jsonl"
     meta = dict(kind="meta", suite=suite, command=command, size=size, jobs=n_jobs, budget=budget, **machine_info())
-    write_jsonl(path, [meta])
+    meta["started_at"] = time.time()
+    earlier = _earlier_lines(path, suite, size, budget) if job_key is not None and row_key is not None else []
+    if earlier:
+        assert job_key is not None and row_key is not None
+        rows = [line for line in earlier if line.get("kind") != "meta"]
+        done_keys = {row_key(row) for row in rows}
+        todo = [job for job in jobs if job_key(job) not in done_keys]
+        walls, commits = _sessions(earlier)
+        meta.update(sessions=len(walls) + 1, commits=[*commits, meta["commit"]], resumed_rows=len(rows))
+        print(f"[{suite}] resuming {path}: {len(jobs) - len(todo)} of {len(jobs)} jobs done, {len(todo)} to run", flush=True)
+        # Rewritten without a line cut short by the interruption
+        write_jsonl(path, [*earlier, meta])
+    else:
+        todo, walls = jobs, []
+        write_jsonl(path, [meta])
     start = time.perf_counter()
-    for done, row in enumerate(run_parallel(function, jobs, n_jobs), start=1):
-        write_jsonl(path, [dict(kind="run", **row)], mode="a")
+    for done, row in enumerate(run_parallel(function, todo, n_jobs), start=1):
+        write_jsonl(path, [dict(kind="run", **row, finished_at=time.time())], mode="a")
         print(f"[{suite} row {done}] " + summary(row), flush=True)
-    meta.update(wall_s=time.perf_counter() - start, load_avg_after=round(os.getloadavg()[0], 2))
+    session_wall = time.perf_counter() - start
+    meta.update(wall_s=sum(walls) + session_wall, session_wall_s=session_wall, load_avg_after=round(os.getloadavg()[0], 2))
     write_jsonl(path, [meta], mode="a")
+
+
+def _earlier_lines(path: Path, suite: str, size: str, budget: dict[str, Any]) -> list[dict[str, Any]]:
+    """
+    The lines of an earlier run of the same suite, size and budget to resume (a last line cut short dropped);
+    empty if there is none. Another size or budget in the file is refused rather than overwritten.
+    """
+    if not path.exists():
+        return []
+    texts = [text for text in path.read_text().splitlines() if text.strip()]
+    lines = []
+    for i, text in enumerate(texts):
+        try:
+            lines.append(json.loads(text))
+        except json.JSONDecodeError:
+            if i < len(texts) - 1:
+                raise
+    if not lines:
+        return []
+    first = next((line for line in lines if line.get("kind") == "meta"), {})
+    # Compared as JSON holds it (tuples are lists there)
+    if (first.get("suite"), first.get("size"), first.get("budget")) != (suite, size, json.loads(json.dumps(budget))):
+        raise ValueError(
+            f"{path} holds a run of suite {first.get('suite')!r} at size {first.get('size')!r} with another grid or"
+            f" budget than this {size!r} run: a rerun continues only the same grid; move that file away or pass"
+            " another --out"
+        )
+    return lines
+
+
+def _sessions(lines: list[dict[str, Any]]) -> tuple[list[float], list[str | None]]:
+    """
+    Wall seconds and commit of each session in a JSONL: a session starts with a meta row without ``wall_s`` and
+    ends with one that has it; an interrupted session ends at its last row.
+    """
+    walls: list[float] = []
+    commits: list[str | None] = []
+    started = None
+    for line in lines:
+        if line.get("kind") == "meta" and "wall_s" not in line:
+            walls.append(0.0)
+            commits.append(line.get("commit"))
+            started = line.get("started_at")
+        elif line.get("kind") == "meta" and walls:
+            walls[-1] = line.get("session_wall_s", line["wall_s"])
+        elif walls and started is not None and "finished_at" in line:
+            walls[-1] = line["finished_at"] - started
+    return walls, commits
 
 
 def summary(row: dict[str, Any]) -> str:
