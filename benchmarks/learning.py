@@ -18,15 +18,21 @@ import numpy as np
 from benchmarks import aggregate, configs, reports, suite, training, variants
 
 SUITE = "learning"
-#: (stock, safe) compared in each family
-PAIRS = {
-    "PPO": ("PPO", "KLAdaptivePPO"),
-    "A2C": ("A2C", "SafeA2C"),
-    "RecurrentPPO": ("RecurrentPPO", "RecurrentPPO+SafeMlpLstmPolicy"),
-    "MaskablePPO": ("MaskablePPO", "MaskablePPO+SafeMaskableMlpPolicy"),
+#: (stock, safe variants...) of each family: each safe variant is compared with the stock one; "+KL-lr" adds
+#: KLAdaptiveLRCallback with its defaults (no cost where stock already works: issue 23)
+FAMILIES = {
+    "PPO": ("PPO", "KLAdaptivePPO", "KLAdaptivePPO+KL-lr"),
+    "A2C": ("A2C", "SafeA2C", "SafeA2C+KL-lr"),
+    "RecurrentPPO": ("RecurrentPPO", "RecurrentPPO+SafeMlpLstmPolicy", "RecurrentPPO+SafeMlpLstmPolicy+KL-lr"),
+    "MaskablePPO": ("MaskablePPO", "MaskablePPO+SafeMaskableMlpPolicy", "MaskablePPO+SafeMaskableMlpPolicy+KL-lr"),
 }
 #: Section titles of the families without a safe algorithm class (the others: "<stock> vs <safe>")
-TITLES = {"RecurrentPPO": "RecurrentPPO: stock vs safe policy", "MaskablePPO": "MaskablePPO: stock vs safe policy"}
+TITLES = {
+    ("RecurrentPPO", "RecurrentPPO+SafeMlpLstmPolicy"): "RecurrentPPO: stock vs safe policy",
+    ("MaskablePPO", "MaskablePPO+SafeMaskableMlpPolicy"): "MaskablePPO: stock vs safe policy",
+    ("RecurrentPPO", "RecurrentPPO+SafeMlpLstmPolicy+KL-lr"): "RecurrentPPO: stock vs safe policy + adaptive lr",
+    ("MaskablePPO", "MaskablePPO+SafeMaskableMlpPolicy+KL-lr"): "MaskablePPO: stock vs safe policy + adaptive lr",
+}
 #: Families whose safe variant is a safe algorithm (skipped optimizer steps, KL beta)
 SAFE_ALGORITHMS = ("PPO", "A2C")
 #: Training timesteps per (family, env) and size (0: not run at that size); zoo's budgets are in the report
@@ -55,7 +61,7 @@ def jobs(size: str) -> list[tuple[str, str, str, int, int, int]]:
         (family, env_id, variant, seed, timesteps, EVAL_EPISODES[size])
         for (family, env_id), timesteps in budgets
         for seed in SEEDS[size]
-        for variant in PAIRS[family]
+        for variant in FAMILIES[family]
     ]
 
 
@@ -79,7 +85,7 @@ def budget(size: str) -> dict[str, Any]:
 def report(out: Path) -> None:
     """``learning.md`` (one table per family) and ``learning_<env>.png`` (curves) from ``learning.jsonl``."""
     meta, runs = suite.read_jsonl(out / f"{SUITE}.jsonl")
-    keys = sorted({(row["family"], row["env"]) for row in runs}, key=lambda key: (list(PAIRS).index(key[0]), key[1]))
+    keys = sorted({(row["family"], row["env"]) for row in runs}, key=lambda key: (list(FAMILIES).index(key[0]), key[1]))
     zoo_lines = [
         configs.describe_zoo(configs.family_config(family, env_id), _timesteps(runs, family, env_id)) + f" [{family}]"
         for family, env_id in keys
@@ -103,13 +109,16 @@ def report(out: Path) -> None:
         ],
     )
     lines[-1:-1] = [f"  - {line}" for line in zoo_lines]
-    for family, (stock, safe) in PAIRS.items():
+    pairs = [(family, stock, safe) for family, (stock, *safes) in FAMILIES.items() for safe in safes]
+    for family, stock, safe in pairs:
         rows = []
         paired_scores: list[tuple[list[float], list[float]]] = []
         for fam, env_id in keys:
             if fam != family:
                 continue
             selected = {name: _select(runs, family, env_id, name) for name in (stock, safe)}
+            if not selected[safe]:
+                continue
             finals = {name: [row["final_return"] for row in chosen] for name, chosen in selected.items()}
             wall, cpu = (
                 np.mean([row[key] for row in selected[safe]]) / np.mean([row[key] for row in selected[stock]])
@@ -145,10 +154,10 @@ def report(out: Path) -> None:
             *([f"{safe} skipped steps"] if family in SAFE_ALGORITHMS else []),
             *(["final beta per seed"] if family == "PPO" else []),
         ]
-        lines += [f"## {TITLES.get(family, f'{stock} vs {safe}')}", "", *reports.table(header, rows), ""]
+        lines += [f"## {TITLES.get((stock, safe), f'{stock} vs {safe}')}", "", *reports.table(header, rows), ""]
         if len(paired_scores) > 1:
             lines += [_overall_improvement(paired_scores, safe, stock), ""]
-        if family == "MaskablePPO":
+        if family == "MaskablePPO" and "KL-lr" not in safe:
             lines += [_maskable_reference(), ""]
     lines += [
         "IQM: interquartile mean over seeds (with 3 seeds, their mean), 95 % stratified bootstrap interval (rliable,"
@@ -226,15 +235,17 @@ def plot(runs: list[dict[str, Any]], out: Path) -> None:
     # Grid points before the first finished episode are NaN for every seed: expected, not worth a warning
     warnings.filterwarnings("ignore", "All-NaN slice|Mean of empty slice", RuntimeWarning)
     for env_id in sorted({row["env"] for row in runs}):
-        families = [family for family in PAIRS if any(r["family"] == family and r["env"] == env_id for r in runs)]
+        families = [family for family in FAMILIES if any(r["family"] == family and r["env"] == env_id for r in runs)]
         figure, axes = plt.subplots(1, len(families), figsize=(6 * len(families), 4), squeeze=False)
         for axis, family in zip(axes[0], families, strict=True):
             grid = np.linspace(0, _timesteps(runs, family, env_id), 100)
-            for variant in PAIRS[family]:
+            for variant in FAMILIES[family]:
                 selected = _select(runs, family, env_id, variant)
+                if not selected:
+                    continue
                 curves = np.array([reports.smoothed_curve(row["curve"], grid) for row in selected])
                 axis.plot(grid, np.nanmean(curves, axis=0), label=f"{variant} ({len(selected)} seeds)")
                 axis.fill_between(grid, np.nanmin(curves, axis=0), np.nanmax(curves, axis=0), alpha=0.2)
-            axis.set(title=f"{env_id}: {' vs '.join(PAIRS[family])}", xlabel="timesteps", ylabel="training return")
+            axis.set(title=f"{env_id}: {family} family", xlabel="timesteps", ylabel="training return")
             axis.legend()
         reports.save_figure(figure, out / f"learning_{env_id}.png")

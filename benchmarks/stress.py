@@ -24,21 +24,40 @@ from benchmarks import configs, reports, suite, training
 from benchmarks.variants import VARIANTS
 
 SUITE = "stress"
-#: The ways to train, per algorithm family: stock, safe policy, safe algorithm, safe algorithm + guard, and the safe
-#: policy with the log-std's lower bound at -5 instead of the default -20 (continuous actions only): which lower
-#: bound keeps more runs exploring
-ROLES = ("stock SB3", "safe policy", "safe algorithm", "safe algorithm + guard", "safe policy, log-std >= -5")
+#: The ways to train, per algorithm family: stock, safe policy, safe algorithm, safe algorithm + guard, the safe
+#: policy with the log-std's lower bound at -5 instead of the default -20 (continuous actions only: which lower
+#: bound keeps more runs exploring), and the recommended stack: safe algorithm + guard + adaptive learning rate
+ROLES = (
+    "stock SB3",
+    "safe policy",
+    "safe algorithm",
+    "safe algorithm + guard",
+    "safe policy, log-std >= -5",
+    "safe algorithm + guard + adaptive lr",
+)
+#: The role whose runs give the tuned reference: stock SB3 on the unbroken settings of the same task and budget
+REFERENCE = "stock SB3, tuned (reference)"
+#: A run "ends learning" at this share of the way from a random policy's return to the tuned reference's
+LEARNING_SHARE = 0.5
 #: One variant per role, None where the role does not exist: sb3-contrib's algorithms have no safe algorithm class,
 #: so their guard role is the stock algorithm with the safe policy and the guard; MaskablePPO has no log-std
 FAMILY_VARIANTS: dict[str, tuple[str | None, ...]] = {
-    "PPO": ("PPO", "PPO+SafeMlpPolicy", "KLAdaptivePPO", "KLAdaptivePPO+guard", "PPO+SafeMlpPolicy(lo=-5)"),
-    "A2C": ("A2C", "A2C+SafeMlpPolicy", "SafeA2C", "SafeA2C+guard", "A2C+SafeMlpPolicy(lo=-5)"),
+    "PPO": (
+        "PPO",
+        "PPO+SafeMlpPolicy",
+        "KLAdaptivePPO",
+        "KLAdaptivePPO+guard",
+        "PPO+SafeMlpPolicy(lo=-5)",
+        "KLAdaptivePPO+guard+KL-lr",
+    ),
+    "A2C": ("A2C", "A2C+SafeMlpPolicy", "SafeA2C", "SafeA2C+guard", "A2C+SafeMlpPolicy(lo=-5)", "SafeA2C+guard+KL-lr"),
     "RecurrentPPO": (
         "RecurrentPPO",
         "RecurrentPPO+SafeMlpLstmPolicy",
         None,
         "RecurrentPPO+SafeMlpLstmPolicy+guard",
         "RecurrentPPO+SafeMlpLstmPolicy(lo=-5)",
+        "RecurrentPPO+SafeMlpLstmPolicy+guard+KL-lr",
     ),
     "MaskablePPO": (
         "MaskablePPO",
@@ -46,6 +65,7 @@ FAMILY_VARIANTS: dict[str, tuple[str | None, ...]] = {
         None,
         "MaskablePPO+SafeMaskableMlpPolicy+guard",
         None,
+        "MaskablePPO+SafeMaskableMlpPolicy+guard+KL-lr",
     ),
 }
 #: Roles that need a log-std (continuous actions)
@@ -306,13 +326,13 @@ TINY_CONFIGS = ("lr_100x_ppo", "reward_spikes_1e6", "masked_sgd_lr", "recurrent_
 
 
 def jobs(size: str) -> list[tuple[str, str, int, int, int]]:
-    """(config, variant, seed, timesteps, eval episodes)."""
+    """(config, variant, seed, timesteps, eval episodes); variant :data:`REFERENCE`: the tuned reference run."""
     names = TINY_CONFIGS if size == "tiny" else tuple(CONFIGS)
     return [
         (name, variant, seed, CONFIGS[name].timesteps[size], EVAL_EPISODES[size])
         for name in names
         for seed in SEEDS[size]
-        for variant in variants(CONFIGS[name])
+        for variant in (*variants(CONFIGS[name]), REFERENCE)
     ]
 
 
@@ -331,10 +351,13 @@ def run_job(job: tuple[str, str, int, int, int]) -> list[dict[str, Any]]:
     """Train one (config, variant, seed); crashes are results."""
     name, variant, seed, timesteps, episodes = job
     config = CONFIGS[name]
-    if config.zoo:
-        zoo = configs.family_config(config.family, config.env_id, **config.overrides)
-    else:
-        zoo = configs.other_config(f"{config.family}'s defaults", config.env_id, **config.overrides)
+    if variant == REFERENCE:
+        # The unbroken settings: rl-zoo's entry (the example's for MaskablePPO) or the library's defaults
+        stock = FAMILY_VARIANTS[config.family][0]
+        assert stock is not None
+        row = training.train(VARIANTS[stock], config.env_id, _settings(config, broken=False), timesteps, seed, episodes)
+        return [dict(config=name, role=REFERENCE, **row)]
+    zoo = _settings(config, broken=True)
     row = training.train(
         VARIANTS[variant],
         config.env_id,
@@ -348,6 +371,37 @@ def run_job(job: tuple[str, str, int, int, int]) -> list[dict[str, Any]]:
     )
     role = ROLES[FAMILY_VARIANTS[config.family].index(variant)]
     return [dict(config=name, role=role, **row)]
+
+
+def _settings(config: StressConfig, broken: bool) -> configs.ZooConfig:
+    """The configuration's starting settings, with its misconfiguration (``broken``) or without."""
+    overrides = config.overrides if broken else {}
+    if config.zoo:
+        return configs.family_config(config.family, config.env_id, **overrides)
+    return configs.other_config(f"{config.family}'s defaults", config.env_id, **overrides)
+
+
+def learning_threshold(runs: list[dict[str, Any]], name: str) -> float | None:
+    """
+    The return a run of configuration ``name`` must reach to count as learning: :data:`LEARNING_SHARE` of the way
+    from a random policy's mean return to the tuned reference runs' mean; None when the reference does not beat
+    random (nothing to learn at this budget) or has no finite run.
+
+    :param runs: the suite's rows
+    :param name: the configuration
+    """
+    from benchmarks.robustness import random_return
+
+    returns = [row["final_return"] for row in runs if row["config"] == name and row["role"] == REFERENCE]
+    returns = [value for value in returns if np.isfinite(value)]
+    if not returns:
+        return None
+    tuned, random = float(np.mean(returns)), random_return(CONFIGS[name].env_id)
+    return random + LEARNING_SHARE * (tuned - random) if tuned > random else None
+
+
+def _learning(row: dict[str, Any], threshold: float | None) -> bool:
+    return threshold is not None and _healthy(row) and np.isfinite(row["final_return"]) and row["final_return"] >= threshold
 
 
 def budget(size: str) -> dict[str, Any]:
@@ -393,17 +447,24 @@ def report(out: Path) -> None:
             " a run with any is not counted as healthy.",
         ],
     )
-    summary, details = [], []
+    summary, learning, details = [], [], []
     for name in names:
         config = CONFIGS[name]
+        threshold = learning_threshold(runs, name)
+        references = [row["final_return"] for row in runs if row["config"] == name and row["role"] == REFERENCE]
+        learned = [f"`{name}`", reports.mean_std(references), "n/a" if threshold is None else f"{threshold:.1f}"]
         cells = [f"`{name}`"]
         for role, variant in zip(ROLES, FAMILY_VARIANTS[config.family], strict=True):
-            selected = [row for row in runs if row["config"] == name and row["variant"] == variant]
+            selected = [row for row in runs if row["config"] == name and row["role"] == role]
             if variant is None or not selected:
                 cells.append("n/a")
+                learned.append("n/a")
                 continue
             healthy = sum(_healthy(row) for row in selected)
             cells.append(f"{healthy}/{len(selected)}")
+            learned.append(
+                "n/a" if threshold is None else f"{sum(_learning(row, threshold) for row in selected)}/{len(selected)}"
+            )
             errors = sorted({row["error"] for row in selected if row["error"]})
             errors += sorted({f"in evaluation: {row['eval_error']}" for row in selected if row.get("eval_error")})
             details.append(
@@ -423,12 +484,21 @@ def report(out: Path) -> None:
                 ]
             )
         summary.append([*cells, config.description])
+        learning.append(learned)
     lines += [
         "## Runs that finished with finite parameters and no exception (MaskablePPO: and no action against the mask)",
         "",
         *reports.table(["config", *ROLES, "misconfiguration"], summary),
         "",
         "![stress](stress.png)",
+        "",
+        f"## Runs that end learning (final return >= {LEARNING_SHARE:.0%} of the way from random to the tuned return)",
+        "",
+        "Tuned reference: stock SB3 on the configuration's unbroken settings (rl-zoo's entry, the example's, or the"
+        " library's defaults), same budget and seeds; random: uniformly random actions (100 episodes). 'n/a' where the"
+        " reference does not beat random at this budget: nothing to learn there.",
+        "",
+        *reports.table(["config", "tuned reference return", "threshold", *ROLES], learning),
         "",
         "## Per configuration and variant",
         "",

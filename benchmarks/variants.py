@@ -92,6 +92,8 @@ VARIANTS = {
         Variant("A2C+SafeMlpPolicy+guard+KL-lr", "A2C", safe_policy=True, guard="rollback", adaptive_lr=True),
         Variant("SafeA2C+guard+KL-lr", "SafeA2C", guard="rollback", adaptive_lr=True),
         Variant("RecurrentPPO(target_kl=0.01)", "RecurrentPPO", target_kl=0.01),
+        Variant("RecurrentPPO+SafeMlpLstmPolicy+KL-lr", "RecurrentPPO", safe_policy=True, adaptive_lr=True),
+        Variant("MaskablePPO+SafeMaskableMlpPolicy+KL-lr", "MaskablePPO", safe_policy=True, adaptive_lr=True),
         Variant(
             "RecurrentPPO+SafeMlpLstmPolicy+guard+KL-lr", "RecurrentPPO", safe_policy=True, guard="rollback", adaptive_lr=True
         ),
