@@ -14,8 +14,10 @@ Wall time with ``--jobs 2`` on the 2 shared CPU cores of the committed results: 
 suites (measured before the sb3-contrib families were added, quiet machine); full 11.4 min (stress), 11.1 min
 (learning), 5.5 min (overhead), as written in each report. With other jobs on the machine (load 6 on 2 cores
 was seen here) up to three times that. The robustness suite (not in those figures) is the longest: its full size
-is estimated at about 55 min on two free cores, 75-90 min on shared ones (see ``benchmarks/robustness.py``), so
-``run all`` at full size now takes well over an hour.
+is estimated at about 3.3 h with ``--jobs 2`` on the 2 cores as fast as they were when it was sized, half that at
+the speed the earlier suites were measured at (see ``benchmarks/robustness.py``), so ``run all`` at full size takes
+hours. It is resumable: rerun the same command (same ``--out``) after an interruption and it runs only the jobs
+whose rows are not in its JSONL yet.
 """
 
 import argparse
