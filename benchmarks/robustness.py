@@ -46,11 +46,11 @@ CartPole-v1 100k 10.4-11.8 CPU-s, PPO Pendulum-v1 49k 17.6-23.3). With today's f
 as their closest measured one) the task list as specified (6 Pendulum variants, Acrobot 100,000 and CartPoleNoVel
 49,152 steps) is about 32,400 CPU-s: 4.5 h wall with ``--jobs 2``, three times the 90 minutes aimed at. Shrunk in
 the order set for it: CartPoleNoVel-v1 49,152 -> 32,768 steps (-1,500 CPU-s), Acrobot-v1 100,000 -> 49,152
-(-4,900), Pendulum-v1 without KLAdaptivePPO+guard (-2,200); factors, seeds and ent_coef are as specified. The full
-size is then 726 runs, about 23,800 CPU-s (Pendulum 9,300, CartPole 5,000, Acrobot 4,700, CartPoleNoVel 3,000,
-MachineScheduling 1,800): about 3.3 h wall with ``--jobs 2`` on this machine today, about
-1.7 h at the first edition's speed; still over the 90 minutes: the further cuts (not made) are the lead's to
-choose. ``--quick`` (x0.1 / x1 / x100, x1 / x100 on the sb3-contrib tasks; tuned ent_coef, 1 seed, short
+(-4,900); KLAdaptivePPO+guard without the adaptive lr stays on Pendulum-v1 (2,200), since it answers which of
+KLAdaptivePPO's two KL controllers to use. Factors, seeds and ent_coef are as specified. The full size is then 774
+runs, about 26,000 CPU-s: about 3.6 h wall with ``--jobs 2`` at today's speed, about 1.8 h at the first edition's
+(the measured wall time is in the report's header); over the 90 minutes aimed at, for the five tasks asked for.
+``--quick`` (x0.1 / x1 / x100, x1 / x100 on the sb3-contrib tasks; tuned ent_coef, 1 seed, short
 budgets; 54 runs): measured 6.6 min wall with ``--jobs 2`` while another 2-process benchmark held both cores (each
 run got about half a core: 571 s of run wall time for 283 CPU-s of training), i.e. about 3.5 min on free cores.
 """
@@ -147,13 +147,12 @@ TASKS = {
             "ppo",
             "PPO",
             ("PPO(target_kl=0.01)", "PPO+SBX-lr"),
-            # KLAdaptivePPO+guard (without the adaptive lr) left out to fit the budget: see the module's sizing
-            ("PPO+SafeMlpPolicy+guard+KL-lr", "KLAdaptivePPO+guard+KL-lr"),
+            # KLAdaptivePPO without the adaptive lr: which of its two KL controllers (penalty, learning rate) to use
+            ("PPO+SafeMlpPolicy+guard+KL-lr", "KLAdaptivePPO+guard", "KLAdaptivePPO+guard+KL-lr"),
             ("PPO+SafeMlpPolicy+guard+KL-lr", "KLAdaptivePPO+guard+KL-lr"),
             dict(tiny=512, quick=4_096, full=49_152),
             overrides=dict(tiny=dict(n_steps=64)),
-            note="49,152 steps: half of zoo's 1e5, by which the tuned PPO has converged (learning suite)."
-            " KLAdaptivePPO+guard without the adaptive lr is not run here (budget): the first edition has it.",
+            note="49,152 steps: half of zoo's 1e5, by which the tuned PPO has converged (learning suite).",
             run_s=38.4,
         ),
         Task(
