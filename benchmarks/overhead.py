@@ -144,9 +144,12 @@ def run_job(job: tuple[str, int, int, int]) -> list[dict[str, Any]]:
         guards[name] = variants.make_guard(variant)
         adaptive[name] = variants.make_adaptive_lr(variant)
 
+    clocks = {name: CallbackClock(guards[name] or adaptive[name]) for name in names}
+
     def measure(name: str, steps: int) -> dict[str, Any]:
         model, guard, adaptive_lr = models[name], guards[name], adaptive[name]
         before = model.num_timesteps
+        clocks[name].seconds = 0.0
         wall, cpu = time.perf_counter(), time.process_time()
         model.learn(steps, callback=guard or adaptive_lr, reset_num_timesteps=False)
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
@@ -165,6 +168,7 @@ def run_job(job: tuple[str, int, int, int]) -> list[dict[str, Any]]:
             # The adaptive learning rate's redos at the tuned settings: each is one more train() on the rollout
             redone_updates=None if adaptive_lr is None else adaptive_lr.redone_updates,
             measured_updates=None if adaptive_lr is None else len(adaptive_lr.history),
+            inner_s=clocks[name].seconds if clocks[name].callback is not None else None,
         )
 
     # Imports, allocator, optimizer state and the guard's first snapshot must not land on a measured chunk
@@ -189,6 +193,44 @@ def run_job(job: tuple[str, int, int, int]) -> list[dict[str, Any]]:
     for model in models.values():
         model.get_env().close()
     return rows
+
+
+class CallbackClock:
+    """
+    Time spent inside a callback's own code during ``learn()``: its SB3 events and the guard's optimizer hooks (the
+    adaptive learning rate's redos run inside its rollout-start event, so they count). A ratio measured inside one
+    run: the machine's load slows the callback and the training alike, where the wall ratio of two runs moves with
+    it. Not counted: SB3's own dispatch of the events (the baseline pays it too, for its ``ConvertCallback``).
+
+    :param callback: the guard or the adaptive learning rate, or None
+    """
+
+    METHODS = (
+        "_on_training_start",
+        "_on_rollout_start",
+        "_on_step",
+        "_on_rollout_end",
+        "_on_training_end",
+        "_after_optimizer_step",
+        "_before_optimizer_step",
+    )
+
+    def __init__(self, callback: Any) -> None:
+        self.callback = callback
+        self.seconds = 0.0
+        for name in self.METHODS if callback is not None else ():
+            if hasattr(callback, name):
+                setattr(callback, name, self._timed(getattr(callback, name)))
+
+    def _timed(self, method: Any) -> Any:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return method(*args, **kwargs)
+            finally:
+                self.seconds += time.perf_counter() - start
+
+        return timed
 
 
 def settings(algo: str, env_id: str) -> configs.ZooConfig:
@@ -329,9 +371,37 @@ def report(out: Path) -> None:
         "met?",
     ]
     lines += [*reports.table(header, rows), "", "![overhead](overhead.png)", ""]
+    lines += _inner_shares(runs, envs)
     lines += _redone_updates(runs, envs)
     reports.write_report(out / f"{SUITE}.md", lines)
     plot(runs, envs, out)
+
+
+def _inner_shares(runs: list[dict[str, Any]], envs: list[str]) -> list[str]:
+    """The share of each chunk's wall time spent inside the guard's or the adaptive lr's own code."""
+    rows = []
+    for env_id in envs:
+        for variant in ENV_VARIANTS[env_id]:
+            shares = [
+                row["inner_s"] / row["wall_s"]
+                for row in runs
+                if row["env"] == env_id and row["variant"] == variant and row.get("inner_s") is not None
+            ]
+            if shares:
+                low, high, coverage = median_interval(shares)
+                median = statistics.median(shares)
+                met = verdict(median, low, high, 0.02)
+                rows.append([env_id, variant, f"**{median:.2%}**", f"{low:.2%}-{high:.2%} ({coverage:.1%})", met])
+    if not rows:
+        return []
+    return [
+        "Time inside sb3-safe's callback code (its events and the guard's optimizer hooks, the adaptive lr's redos"
+        " included), share of each chunk's wall time, median over chunks with its interval: measured inside each run,"
+        " so the machine's load slows both sides alike (the wall ratios above compare two runs and move with it).",
+        "",
+        *reports.table(["env", "variant", "share of learn() (median)", "CI of the median", "<= 2 %?"], rows),
+        "",
+    ]
 
 
 def _redone_updates(runs: list[dict[str, Any]], envs: list[str]) -> list[str]:

@@ -304,18 +304,17 @@ def test_one_exploration_warning_per_collapse_with_the_guard_and_the_monitor(tmp
 def test_collapse_patience_counts_environment_steps_for_every_algorithm(algo: type, n_steps: int) -> None:
     """The same patience means the same amount of training whatever the rollout length (it counted updates)."""
     kwargs = dict(batch_size=64, n_epochs=1) if algo is PPO else {}
+    policy_kwargs = dict(log_std_init=-20.0)
     model = algo(
-        SafeMlpPolicy,
-        "Pendulum-v1",
-        n_steps=n_steps,
-        learning_rate=0.0,
-        seed=0,
-        policy_kwargs=dict(log_std_init=-20.0),
-        **kwargs,
+        SafeMlpPolicy, "Pendulum-v1", n_steps=n_steps, learning_rate=0.0, seed=0, policy_kwargs=policy_kwargs, **kwargs
     )
     guard = NonFiniteGuardCallback(collapse_patience=256)
-    with pytest.warns(ExplorationWarning, match=r"for 256 environment steps, at timestep 256\b"):
+    with pytest.warns(ExplorationWarning, match=r"for (\d+) environment steps, at timestep \1\b") as warned:
         model.learn(320, callback=guard)
+    [message] = [str(w.message) for w in warned if issubclass(w.category, ExplorationWarning)]
+    timestep = int(message.split("at timestep ")[1].split(".")[0])
+    # looked at once per twentieth of the patience at most, at rollout ends
+    assert 256 <= timestep <= 256 + 256 // 20 + n_steps
 
 
 # ----- where a stop saves -----

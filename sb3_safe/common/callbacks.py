@@ -155,6 +155,8 @@ class NonFiniteGuardCallback(BaseCallback):
         self._response: Response | None = None
         self._cadence = FullCheckCadence(snapshot_every)
         self._others_may_write = True
+        #: optimizers whose parameters' storage was checked since the last rollout end
+        self._storage_checked: set[int] = set()
         self._hooks: list[RemovableHandle] = []
         self._events_at_start = 0
 
@@ -182,6 +184,7 @@ class NonFiniteGuardCallback(BaseCallback):
             self.model, watched, self._snapshots, self.on_nonfinite, self.lr_decay, self.max_rollbacks, self.save_path
         )
         self._events_at_start = len(self.events)
+        self._storage_checked.clear()
         self._others_may_write = other_callbacks_may_write(self.locals.get("callback"), self)
         self.exploration = shared_watch(self.model, self.exploration)
         first_obs = self.model._last_obs
@@ -212,8 +215,7 @@ class NonFiniteGuardCallback(BaseCallback):
         locals_ = self.locals
         new_obs, rewards, actions = locals_["new_obs"], locals_["rewards"], self._watched.step_actions(locals_)
         # The VecEnv reset the envs whose episode ended: their final observations are only in the infos
-        infos = locals_.get("infos", ())
-        terminal = [(i, info["terminal_observation"]) for i, info in enumerate(infos) if "terminal_observation" in info]
+        terminal = self._watched.terminal_observations(locals_.get("infos", ()))
         if not self._watched.step_is_finite(new_obs, rewards, actions, terminal):
             fault = self._locator.in_step(new_obs, rewards, actions, terminal)
             self._handle(fault)
@@ -222,6 +224,7 @@ class NonFiniteGuardCallback(BaseCallback):
         return not self._stopping
 
     def _on_rollout_end(self) -> None:
+        self._storage_checked.clear()
         if not self._stopping:
             # Before train() (and, on-policy, after the last value prediction): what a callback changed in the rollout
             self._check_live_model("at the end of a rollout, before train()")
@@ -254,7 +257,10 @@ class NonFiniteGuardCallback(BaseCallback):
             # Training is ending at the next env step; keep the rest of this train() from changing the model
             self._snapshots.restore()
             return
-        if not self._watched.parameters_are_finite(optimizer):
+        # An optimizer step updates in place: new storage can only come from code between two train() calls
+        check_storage = id(optimizer) not in self._storage_checked
+        self._storage_checked.add(id(optimizer))
+        if not self._watched.parameters_are_finite(optimizer, check_storage):
             phase = f"optimizer step of {self._watched.optimizer_name(optimizer)} in train()"
             self._handle(self._locator.in_optimizer(optimizer, phase))
 

@@ -26,6 +26,8 @@ from sb3_safe.common.distributions import DEFAULT_LOG_STD_RANGE
 STOCK_LOG_STD_RANGE = (DEFAULT_LOG_STD_RANGE[0], 5.0)
 #: how close to a bound a log-std counts as sitting on it (the projection puts it exactly there)
 AT_BOUND_TOLERANCE = 1e-3
+#: How often the log-std is looked at, per patience (a warning comes at most a twentieth of the patience late)
+LOOKS_PER_PATIENCE = 20
 #: environment steps at a bound before the warning: 10,000 steps with a std of 2e-9 (or of 7.4 for actions in
 #: [-1, 1]) is no exploration phase; short enough to warn within the budgets of small tasks (Pendulum: 20,000)
 DEFAULT_PATIENCE = 10_000
@@ -55,8 +57,9 @@ class ExplorationWatch:
     after ``patience`` steps.
 
     Environment steps mean the same amount of training for every algorithm, where updates do not (A2C updates every
-    5 steps, PPO every 2,048). The log-std is looked at by :meth:`after_update` at rollout boundaries, so a streak
-    is counted from the first look that found it at the bound. Every callback that watches one model shares one
+    5 steps, PPO every 2,048). The log-std is looked at by :meth:`after_update` at rollout boundaries, at most once
+    per :data:`LOOKS_PER_PATIENCE`-th of the patience, so a streak is counted from the first look that found it at
+    the bound. Every callback that watches one model shares one
     watch (:func:`shared_watch`), so two callbacks give one warning.
 
     :param patience: environment steps at a bound before the warning
@@ -86,8 +89,10 @@ class ExplorationWatch:
         if found is None:
             return None
         timestep = model.num_timesteps
-        if self._last_look is not None and self._last_look[0] == timestep:
-            return self._last_look[1]  # another callback already looked at this point of training
+        # Another callback already looked at this point of training, or a look is not due: one per twentieth of the
+        # patience is enough to count it (A2C updates every few steps, and a look costs a few numpy calls)
+        if self._last_look is not None and timestep - self._last_look[0] < max(1, self.patience // LOOKS_PER_PATIENCE):
+            return self._last_look[1]
         log_std, (low, high) = found
         # numpy on a view (a copy only from an accelerator): this runs after every update, and a handful of tiny
         # torch operations cost more than A2C's small updates can hide

@@ -191,12 +191,16 @@ class TensorFiniteCheck:
         self._small = [a for a in arrays if id(a) not in large_ids]
         self._packed = np.empty(sum(a.size for a in self._small), _packing_dtype(self._small))
 
-    def __call__(self) -> bool:
-        """:return: whether every element of every tensor is finite"""
+    def __call__(self, check_storage: bool = True) -> bool:
+        """
+        :param check_storage: look for tensors given new storage since the last call (skip only where nothing but
+            in-place updates can have happened in between)
+        :return: whether every element of every tensor is finite
+        """
         if not self.tensors:
             return True
         # A tensor given new storage (``param.data = ...``) would leave its numpy view reading the old one
-        if [t.data_ptr() for t in self.tensors] != self._storage:
+        if check_storage and [t.data_ptr() for t in self.tensors] != self._storage:
             self._make_views()
         if self._large is None:
             if len({t.dtype for t in self.tensors}) > 1:

@@ -158,19 +158,15 @@ class WatchedModel:
         return [(f"rollout buffer {name}", array) for name, array in arrays if isinstance(array, np.ndarray)]
 
     @staticmethod
-    def terminal_observations(dones: np.ndarray, infos: list[dict[str, Any]]) -> list[tuple[int, Observation]]:
+    def terminal_observations(infos: Sequence[dict[str, Any]]) -> list[tuple[int, Observation]]:
         """
         The final observations of the episodes that ended at an env step, which ``new_obs`` does not hold (the VecEnv
         reset those envs): SB3 stores them as ``next_obs`` in replay buffers and bootstraps from them on truncation.
 
-        :param dones: the step's ``dones``
-        :param infos: the step's ``infos``
+        :param infos: the step's ``infos`` (a VecEnv puts ``terminal_observation`` there only where an episode ended)
         :return: (env index, terminal observation) for every env whose episode ended with one
         """
-        if not dones.any():
-            return []
-        found = ((int(i), infos[i].get("terminal_observation")) for i in np.flatnonzero(dones))
-        return [(i, obs) for i, obs in found if obs is not None]
+        return [(i, info["terminal_observation"]) for i, info in enumerate(infos) if "terminal_observation" in info]
 
     @staticmethod
     def step_actions(locals_: dict[str, Any]) -> np.ndarray:
@@ -198,9 +194,13 @@ class WatchedModel:
 
     # ----- cheap checks (one reduction each; see sb3_safe.common.numerics) -----
 
-    def parameters_are_finite(self, optimizer: th.optim.Optimizer) -> bool:
-        """:param optimizer: one of :attr:`optimizers`; whether the parameters it updates are finite"""
-        return self._step_checks[id(optimizer)][1]()
+    def parameters_are_finite(self, optimizer: th.optim.Optimizer, check_storage: bool = True) -> bool:
+        """
+        :param optimizer: one of :attr:`optimizers`; whether the parameters it updates are finite
+        :param check_storage: also check that no parameter was given new storage since the last call (an optimizer
+            step updates in place: within one ``train()`` only the first step needs it)
+        """
+        return self._step_checks[id(optimizer)][1](check_storage)
 
     def gradients_are_finite(self, optimizer: th.optim.Optimizer) -> bool:
         """:param optimizer: an optimizer; whether the gradients of its parameters are finite (True without any)"""
