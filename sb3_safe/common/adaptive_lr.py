@@ -228,6 +228,8 @@ class KLAdaptiveLRCallback(BaseCallback):
             self._snapshots = SnapshotStore(model, WatchedModel(model), restorable=True, lean=True)
         # Screening by parameter change only where not every update is measured
         self._parameter_step = ParameterStep(model.policy.parameters() if one_step else [])
+        if self._train_batch is not None:
+            self._train_batch.detach()  # of a learn() that ended with an exception
         self._train_batch = TrainBatchRecorder(model) if one_step else None
         # A2C's updates are a few env steps each: one in MEASURED_SAMPLES / rollout size is measured (and every
         # unusually large one), PPO's every one
