@@ -284,9 +284,12 @@ Job = tuple[str, str, float, float, int, str]
 
 
 def jobs(size: str) -> list[Job]:
-    """Every run of the grid at ``size``, the longest tasks' first."""
+    """
+    Every run of the grid at ``size``: the tuned ent_coef's runs of every task first, then the others; the longest
+    tasks' first within each half. A run cut short is then a complete map at the tuned ent_coef.
+    """
     tasks = sorted(TASKS.values(), key=lambda task: -task.run_s)
-    return [
+    grid = [
         (task.env_id, variant, factor, ent_coef, seed, size)
         for task in tasks
         for factor in task.factors[size]
@@ -294,6 +297,8 @@ def jobs(size: str) -> list[Job]:
         for seed in SEEDS[size]
         for variant in task.variants
     ]
+    tuned_ent_coef = {task.env_id: tuned_settings(task)[1] for task in tasks}
+    return sorted(grid, key=lambda job: job[3] != tuned_ent_coef[job[0]])
 
 
 def job_key(job: Job) -> tuple[str, str, float, float, int]:

@@ -17,6 +17,9 @@ from benchmarks.robustness import (
     SUITE,
     TASKS,
     initial_learning_rate,
+    job_key,
+    jobs,
+    row_key,
     stock_class,
     task_config,
     tuned_settings,
@@ -57,7 +60,7 @@ def report(out: Path) -> None:
     lines = reports.report_header(
         "Robustness map, second edition: training through a wrong learning rate, peers vs sb3-safe",
         meta,
-        _budget_lines(meta),
+        _budget_lines(meta, runs),
     )
     # The tasks as sub-items of the grid item
     at = next(i for i, line in enumerate(lines) if line.startswith("- Grid per task")) + 1
@@ -79,8 +82,8 @@ def report(out: Path) -> None:
     plot_profiles(results, out)
 
 
-def _budget_lines(meta: dict[str, Any]) -> list[str]:
-    """The header's items: the grid, variants, definitions, and the sessions of a resumed run."""
+def _budget_lines(meta: dict[str, Any], runs: list[dict[str, Any]]) -> list[str]:
+    """The header's items: the grid, variants, definitions, the sessions of a resumed run and what is missing."""
     episodes = meta.get("budget", {}).get("eval_episodes", "?")
     lines = [
         "Grid per task (as run): learning rate = tuned x factor, entropy coefficient, seeds; otherwise the entry's"
@@ -101,12 +104,30 @@ def _budget_lines(meta: dict[str, Any]) -> list[str]:
         f" is 'at >= {REACH_THRESHOLD:.0%} of tuned' when its seed-mean score is >= {REACH_THRESHOLD}: the targets'"
         " 'tuned return kept' is the same statistic.",
     ]
+    lines += _missing_lines(meta, runs)
     if meta.get("sessions", 1) > 1:
         lines.append(
             f"Resumed: {meta['sessions']} sessions (commits {', '.join(str(c) for c in meta.get('commits', []))});"
             f" {meta.get('resumed_rows')} rows were written by earlier sessions; the wall time is the sum of all."
         )
     return lines
+
+
+def _missing_lines(meta: dict[str, Any], runs: list[dict[str, Any]]) -> list[str]:
+    """A partial run's item: how many of the size's runs are in the JSONL, and which slices are missing."""
+    planned = jobs(meta.get("size", "full"))
+    done = {row_key(row) for row in runs}
+    missing = [job for job in planned if job_key(job) not in done]
+    if not missing:
+        return []
+    slices: dict[tuple[str, float], int] = {}
+    for job in missing:
+        slices[job[0], job[3]] = slices.get((job[0], job[3]), 0) + 1
+    return [
+        f"**Partial run: {len(planned) - len(missing)} of the {len(planned)} runs of this size are in the JSONL.**"
+        f" Missing (task, ent_coef: runs): {'; '.join(f'{task}, {ent:g}: {n}' for (task, ent), n in slices.items())}."
+        " Every table and score below is computed from the runs present; rerun the command to complete it."
+    ]
 
 
 def _describe(result: TaskResults, overrides: dict[str, Any] | None) -> str:
