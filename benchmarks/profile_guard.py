@@ -1,0 +1,46 @@
+"""
+Where the guard's remaining cost goes: ``python -m benchmarks.profile_guard``.
+
+cProfile of ``model.learn(steps, callback=NonFiniteGuardCallback(on_nonfinite="rollback"))`` after the overhead
+suite's warm-up, on the overhead suite's settings; prints the own time of sb3-safe's functions as a share of
+``learn()``. numpy's and torch's work called from them is counted under those libraries, and cProfile inflates the
+share of Python-heavy code: read it for where the cost is, the overhead suite for how large it is.
+"""
+
+import cProfile
+import pstats
+
+import torch as th
+
+from benchmarks import overhead, training, variants
+from sb3_safe import NonFiniteGuardCallback
+
+#: (variant, env, timesteps profiled): the families whose guard cost stays above the target
+CASES = (("A2C", "Hopper-v5", 3000), ("DQN", "CartPole-v1", 2000), ("PPO", "Hopper-v5", 4096))
+
+
+def profile(algo: str, env_id: str, steps: int, top: int = 8) -> None:
+    """Print the ``top`` sb3-safe functions by own time in ``steps`` guarded steps of ``algo`` on ``env_id``."""
+    variant = variants.VARIANTS[algo]
+    config = overhead.settings(variant.algo, env_id)
+    env = training.make_env(env_id, config.n_envs, seed=0, normalize=config.normalize, gamma=config.gamma)
+    model = variants.build_model(variant, env, seed=0, kwargs=config.kwargs)
+    model.learn(overhead.warm_up_steps(model))
+    guard = NonFiniteGuardCallback(on_nonfinite="rollback")
+    profiler = cProfile.Profile()
+    profiler.enable()
+    model.learn(steps, callback=guard, reset_num_timesteps=False)
+    profiler.disable()
+    stats = pstats.Stats(profiler).stats  # type: ignore[attr-defined]
+    total = max(cumulative for (_, _, name), (_, _, _, cumulative, _) in stats.items() if name == "learn")
+    own = sorted(((row[2], key) for key, row in stats.items() if "sb3_safe" in key[0]), reverse=True)
+    share = sum(seconds for seconds, _ in own) / total
+    print(f"## {algo} {env_id}, {steps} steps: learn() {total:.2f} s, own time in sb3-safe {share:.2%}")
+    for seconds, (path, line, name) in own[:top]:
+        print(f"  {seconds / total:6.2%}  {path.split('sb3_safe/')[-1]}:{line} {name}")
+
+
+if __name__ == "__main__":
+    th.set_num_threads(1)
+    for case in CASES:
+        profile(*case)
