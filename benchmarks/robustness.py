@@ -50,6 +50,9 @@ the order set for it: CartPoleNoVel-v1 49,152 -> 32,768 steps (-1,500 CPU-s), Ac
 KLAdaptivePPO's two KL controllers to use. Factors, seeds and ent_coef are as specified. The full size is then 774
 runs, about 26,000 CPU-s: about 3.6 h wall with ``--jobs 2`` at today's speed, about 1.8 h at the first edition's
 (the measured wall time is in the report's header); over the 90 minutes aimed at, for the five tasks asked for.
+Measured (2026-12-01, ``benchmarks/results/robustness.md``): the tuned ent_coef's half, 414 runs, took about 2.7 h
+wall with ``--jobs 2`` over two sessions, on cores shared at times with other jobs (Pendulum-v1 runs 18.5-51 CPU-s,
+CartPole-v1 26-27, CartPoleNoVel-v1 77-132, MachineScheduling-v0 59-78).
 ``--quick`` (x0.1 / x1 / x100, x1 / x100 on the sb3-contrib tasks; tuned ent_coef, 1 seed, short
 budgets; 54 runs): measured 6.6 min wall with ``--jobs 2`` while another 2-process benchmark held both cores (each
 run got about half a core: 571 s of run wall time for 283 CPU-s of training), i.e. about 3.5 min on free cores.
