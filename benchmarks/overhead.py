@@ -138,9 +138,7 @@ def run_job(job: tuple[str, int, int, int]) -> list[dict[str, Any]]:
     models, guards, adaptive = {}, {}, {}
     for name in names:
         variant = variants.VARIANTS[name]
-        config = settings(variant.algo, env_id)
-        env = training.make_env(env_id, config.n_envs, seed=replica, normalize=config.normalize, gamma=config.gamma)
-        models[name] = variants.build_model(variant, env, seed=replica, kwargs=config.kwargs)
+        models[name] = build_model(name, env_id, seed=replica)
         guards[name] = variants.make_guard(variant)
         adaptive[name] = variants.make_adaptive_lr(variant)
 
@@ -231,6 +229,14 @@ class CallbackClock:
                 self.seconds += time.perf_counter() - start
 
         return timed
+
+
+def build_model(name: str, env_id: str, seed: int) -> Any:
+    """The model of variant ``name`` on ``env_id`` with this suite's settings (:func:`settings`), seeded."""
+    variant = variants.VARIANTS[name]
+    config = settings(variant.algo, env_id)
+    env = training.make_env(env_id, config.n_envs, seed=seed, normalize=config.normalize, gamma=config.gamma)
+    return variants.build_model(variant, env, seed=seed, kwargs=config.kwargs)
 
 
 def settings(algo: str, env_id: str) -> configs.ZooConfig:

@@ -12,7 +12,7 @@ import pstats
 
 import torch as th
 
-from benchmarks import overhead, training, variants
+from benchmarks import overhead
 from sb3_safe import NonFiniteGuardCallback
 
 #: (variant, env, timesteps profiled): the families whose guard cost stays above the target
@@ -21,10 +21,7 @@ CASES = (("A2C", "Hopper-v5", 3000), ("DQN", "CartPole-v1", 2000), ("PPO", "Hopp
 
 def profile(algo: str, env_id: str, steps: int, top: int = 8) -> None:
     """Print the ``top`` sb3-safe functions by own time in ``steps`` guarded steps of ``algo`` on ``env_id``."""
-    variant = variants.VARIANTS[algo]
-    config = overhead.settings(variant.algo, env_id)
-    env = training.make_env(env_id, config.n_envs, seed=0, normalize=config.normalize, gamma=config.gamma)
-    model = variants.build_model(variant, env, seed=0, kwargs=config.kwargs)
+    model = overhead.build_model(algo, env_id, seed=0)
     model.learn(overhead.warm_up_steps(model))
     guard = NonFiniteGuardCallback(on_nonfinite="rollback")
     profiler = cProfile.Profile()

@@ -6,6 +6,7 @@ profiles ``robustness_profile.png``. Built from the JSONL alone (``python -m ben
 """
 
 import math
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -120,9 +121,7 @@ def _missing_lines(meta: dict[str, Any], runs: list[dict[str, Any]]) -> list[str
     missing = [job for job in planned if job_key(job) not in done]
     if not missing:
         return []
-    slices: dict[tuple[str, float], int] = {}
-    for job in missing:
-        slices[job[0], job[3]] = slices.get((job[0], job[3]), 0) + 1
+    slices = Counter((job[0], job[3]) for job in missing)
     return [
         f"**Partial run: {len(planned) - len(missing)} of the {len(planned)} runs of this size are in the JSONL.**"
         f" Missing (task, ent_coef: runs): {'; '.join(f'{task}, {ent:g}: {n}' for (task, ent), n in slices.items())}."
