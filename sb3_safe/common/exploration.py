@@ -75,7 +75,7 @@ class ExplorationWatch:
         #: the last warning's message, once one was issued
         self.message: str | None = None
         self._warned = {"collapsed": False, "exploded": False}
-        self._last_look: tuple[int, float] | None = None
+        self._last_look: tuple[int, float | None] | None = None
 
     def after_update(self, model: BaseAlgorithm) -> float | None:
         """
@@ -85,14 +85,15 @@ class ExplorationWatch:
         :return: the share of log-std entries at a bound (logged as ``train/log_std_at_bound_fraction``), or None
             for a policy without a log-std parameter
         """
-        found = policy_log_std(model)
-        if found is None:
-            return None
         timestep = model.num_timesteps
         # Another callback already looked at this point of training, or a look is not due: one per twentieth of the
-        # patience is enough to count it (A2C updates every few steps, and a look costs a few numpy calls)
+        # patience is enough to count it (A2C and DQN run this every few steps; even finding no log-std costs)
         if self._last_look is not None and timestep - self._last_look[0] < max(1, self.patience // LOOKS_PER_PATIENCE):
             return self._last_look[1]
+        found = policy_log_std(model)
+        if found is None:
+            self._last_look = (timestep, None)
+            return None
         log_std, (low, high) = found
         # numpy on a view (a copy only from an accelerator): this runs after every update, and a handful of tiny
         # torch operations cost more than A2C's small updates can hide

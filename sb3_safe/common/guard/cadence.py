@@ -99,6 +99,7 @@ class FullCheckCadence:
         self.snapshot_every = snapshot_every
         self._checked_n_updates: int | None = None
         self._checked_timestep = 0
+        self._interval_of: tuple[BaseAlgorithm, int] | None = None
 
     def interval(self, model: BaseAlgorithm) -> int:
         """
@@ -108,7 +109,10 @@ class FullCheckCadence:
         """
         if self.snapshot_every is not None:
             return self.snapshot_every
-        return FEW_STEP_SNAPSHOT_EVERY if isinstance(model, OffPolicyAlgorithm | A2C) else 0
+        # Asked at every rollout start (every step of DQN): the answer per model is kept
+        if self._interval_of is None or self._interval_of[0] is not model:
+            self._interval_of = (model, FEW_STEP_SNAPSHOT_EVERY if isinstance(model, OffPolicyAlgorithm | A2C) else 0)
+        return self._interval_of[1]
 
     def due_at_rollout_start(self, model: BaseAlgorithm) -> bool:
         """
