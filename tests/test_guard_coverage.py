@@ -23,6 +23,7 @@ from stable_baselines3.common.callbacks import (
     EvalCallback,
     StopTrainingOnRewardThreshold,
 )
+from stable_baselines3.common.envs import SimpleMultiObsEnv
 from stable_baselines3.common.utils import obs_as_tensor
 from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
 
@@ -34,6 +35,7 @@ from sb3_safe import (
     SafeA2C,
     SafeMlpPolicy,
 )
+from sb3_safe.common import buffers
 from sb3_safe.common.exploration import ExplorationWarning
 from sb3_safe.common.guard.cadence import other_callbacks_may_write
 from sb3_safe.common.kl import distribution_params
@@ -270,7 +272,12 @@ class CompareStoredDistributions(BaseCallback):
 
     def _on_rollout_end(self) -> None:
         buffer = self.model.rollout_buffer
-        observations = th.as_tensor(buffer.observations.reshape(-1, *buffer.obs_shape))
+        if isinstance(buffer.observations, dict):
+            observations = {
+                key: th.as_tensor(value.reshape(-1, *buffer.obs_shape[key])) for key, value in buffer.observations.items()
+            }
+        else:
+            observations = th.as_tensor(buffer.observations.reshape(-1, *buffer.obs_shape))
         with th.no_grad():
             expected = distribution_params(self.model.policy.get_distribution(observations)).numpy()
         stored = buffer.old_dist_params.reshape(len(expected), -1)
@@ -286,6 +293,48 @@ def test_recorder_keeps_the_acting_pass_when_a_callback_calls_the_policy() -> No
         warnings.simplefilter("error")  # no "was not recorded ... computed from the current policy"
         model.learn(512, callback=[ReadsNextValue(), compare])
     assert len(compare.worst) == 8 and max(compare.worst) < 1e-5
+
+
+@pytest.mark.parametrize("bulk_check_max_obs_size", [0, 10**6], ids=["checked at add", "checked per rollout"])
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "dict"])
+def test_recorder_stores_the_acting_pass_of_every_step_without_callbacks(
+    env_id: str, bulk_check_max_obs_size: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The common case (the policy runs once per step, to act): small observations' passes are checked per rollout."""
+    monkeypatch.setattr(buffers, "BULK_CHECK_MAX_OBS_SIZE", bulk_check_max_obs_size)
+    env, policy = (SimpleMultiObsEnv(random_start=True), "MultiInputPolicy") if env_id == "dict" else (env_id, "MlpPolicy")
+    model = KLAdaptivePPO(policy, env, n_steps=64, batch_size=64, n_epochs=1, seed=0)
+    assert model.rollout_buffer._check_in_bulk == (bulk_check_max_obs_size > 0)
+    with th.no_grad():
+        model.policy.action_net.weight.mul_(300.0)
+    compare = CompareStoredDistributions()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model.learn(512, callback=compare)
+    assert len(compare.worst) == 8 and max(compare.worst) < 1e-5
+
+
+def test_recorder_replaces_a_single_pass_that_did_not_act() -> None:
+    """One pass since the last add, computed from another observation: the rollout's check finds it and recomputes."""
+    model = KLAdaptivePPO("MlpPolicy", "CartPole-v1", n_steps=4, batch_size=4, n_epochs=1, seed=0)
+    with th.no_grad():
+        model.policy.action_net.weight.mul_(300.0)
+    buffer, policy = model.rollout_buffer, model.policy
+    buffer.reset()
+    acting_obs = np.array([[0.1, -0.2, 0.05, 0.3]], dtype=np.float32)
+    for step in range(4):
+        other_obs = th.full((1, 4), float(step + 1))
+        with th.no_grad():
+            actions, _, _ = policy(other_obs)  # the only pass since the last add, on another observation
+        buffer.add(acting_obs, actions.numpy(), np.zeros(1), np.zeros(1), th.zeros(1), th.zeros(1))
+    with pytest.warns(UserWarning, match="was not recorded"):
+        buffer.compute_returns_and_advantage(th.zeros(1), np.zeros(1))
+    with th.no_grad():
+        expected = distribution_params(policy.get_distribution(th.as_tensor(acting_obs))).numpy()
+    assert np.allclose(buffer.old_dist_params[:, 0], expected, atol=1e-6)
+    with th.no_grad():
+        wrong = distribution_params(policy.get_distribution(th.full((1, 4), 1.0))).numpy()
+    assert not np.allclose(expected, wrong, atol=1e-3)  # the test would see a wrong row
 
 
 # ----- exploration -----
