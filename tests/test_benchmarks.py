@@ -120,3 +120,22 @@ def test_median_interval_uses_order_statistics_with_exact_coverage() -> None:
 )
 def test_overhead_verdict_reads_the_interval(low: float, high: float, expected: str) -> None:
     assert verdict(1.02 if "yes" in expected else 1.04, low, high, 1.03) == expected
+
+
+def test_profile_guard_times_each_event_of_a_real_run() -> None:
+    """The per-event clock counts every call of the guard's events and hooks in a real learn(), and times them."""
+    from stable_baselines3 import A2C
+
+    from benchmarks.profile_guard import EventClock
+    from sb3_safe import NonFiniteGuardCallback
+
+    model = A2C("MlpPolicy", "CartPole-v1", n_steps=5, seed=0)
+    guard = NonFiniteGuardCallback()
+    clock = EventClock(guard)
+    model.learn(50, callback=guard)
+    calls = {name: n_calls for name, (n_calls, _) in clock.calls.items()}
+    assert calls["_on_step"] == 50
+    assert calls["_on_rollout_start"] == calls["_on_rollout_end"] == 10
+    assert calls["_after_optimizer_step"] == 10  # one RMSprop step per rollout
+    assert calls["_on_training_start"] == calls["_on_training_end"] == 1
+    assert all(seconds > 0 for name, (n_calls, seconds) in clock.calls.items() if n_calls)
