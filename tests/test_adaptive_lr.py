@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch as th
 from faults import NaNAfterOptimizerStep
+from rl_zoo3.utils import linear_schedule
 from sb3_contrib import TRPO, MaskablePPO, RecurrentPPO
 from sb3_contrib.common.envs import InvalidActionEnvDiscrete
 from stable_baselines3 import A2C, PPO, SAC
@@ -73,6 +74,24 @@ def test_algorithms_without_gradient_steps_on_the_policy_are_refused(make: Any) 
 # ----- the KL it adapts on -----
 
 
+class RecordLearningRate(BaseCallback):
+    """The optimizer's learning rate after each update (what the update used)."""
+
+    def __init__(self, rates: list[float]) -> None:
+        super().__init__()
+        self.rates = rates
+
+    def _on_step(self) -> bool:
+        return True
+
+    def _on_rollout_start(self) -> None:
+        if self.model._n_updates:
+            self.rates.append(self.model.policy.optimizer.param_groups[0]["lr"])
+
+    def _on_training_end(self) -> None:
+        self._on_rollout_start()
+
+
 class RecordKL(BaseCallback):
     """The ``train/kl`` the callback logged at each update."""
 
@@ -121,6 +140,18 @@ def test_kl_of_an_update_that_changes_nothing_is_zero(name: str) -> None:
     model.learn(3 * model.n_steps * model.n_envs, callback=[callback, record])
     assert len(callback.history) == 3 and record.values
     assert all(kl == pytest.approx(0.0, abs=1e-6) for kl, _ in callback.history)
+
+
+def test_learning_rate_never_turns_negative_past_the_end_of_a_linear_schedule() -> None:
+    """rl-zoo's lin_7e-4 is negative in the last rollout of a budget that is not a multiple of it (SB3's progress < 0);
+    held at the lower bound by a large scale, that would be a large step up the loss (measured: -1e-5 on A2C)."""
+    model = A2C("MlpPolicy", "CartPole-v1", n_steps=5, learning_rate=linear_schedule(7e-4), seed=0)
+    callback = KLAdaptiveLRCallback()
+    rates: list[float] = []
+    model.learn(2_052, callback=[callback, RecordLearningRate(rates)])  # the last rollout ends at 2,055: progress < 0
+    assert model._current_progress_remaining < 0
+    assert learning_rate_scale(model) > 1.0  # the bound raised the decayed schedule
+    assert min(rates) >= 0.0 and rates[-1] == 0.0
 
 
 def test_kl_after_a_real_update_matches_a_fresh_measurement() -> None:

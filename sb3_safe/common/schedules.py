@@ -23,7 +23,10 @@ class ScaledSchedule:
 
     SB3 sets the optimizer learning rate from ``model.lr_schedule`` at every ``train()``, so scaling the schedule
     (rather than the optimizer) keeps a lowered learning rate for the rest of training, whatever the schedule.
-    A module-level class, not a closure, so that ``model.save()`` can pickle it.
+    A module-level class, not a closure, so that ``model.save()`` can pickle it. It is never negative: SB3's progress
+    goes below 0 in the last rollout when the budget is not a multiple of it, where rl-zoo's linear schedules turn
+    negative (a step up the loss); scaled up (the adaptive lr holds a decayed schedule at its lower bound) that step
+    would be as many times larger.
 
     :param schedule: the schedule (or constant learning rate) to scale
     :param scale: the factor
@@ -34,7 +37,7 @@ class ScaledSchedule:
         self.scale = scale
 
     def __call__(self, progress_remaining: float) -> float:
-        return self.scale * self.schedule(progress_remaining)
+        return max(0.0, self.scale * self.schedule(progress_remaining))
 
     def __repr__(self) -> str:
         return f"ScaledSchedule({self.schedule}, scale={self.scale})"
