@@ -11,13 +11,12 @@ Usage::
 Each suite writes ``<out>/<suite>.jsonl`` (a meta row with command, machine, versions and budget, then one row
 per run), ``<out>/<suite>.md`` and PNG plots. Default out: ``benchmarks/results``.
 Wall time with ``--jobs 2`` on the 2 shared CPU cores of the committed results: quick 2.5 min for all three
-suites (measured before the sb3-contrib families were added, quiet machine); full 11.4 min (stress), 11.1 min
-(learning), 5.5 min (overhead), as written in each report. With other jobs on the machine (load 6 on 2 cores
-was seen here) up to three times that. The robustness suite (not in those figures) is the longest: its full size
-is estimated at about 3.3 h with ``--jobs 2`` on the 2 cores as fast as they were when it was sized, half that at
-the speed the earlier suites were measured at (see ``benchmarks/robustness.py``), so ``run all`` at full size takes
-hours. It is resumable: rerun the same command (same ``--out``) after an interruption and it runs only the jobs
-whose rows are not in its JSONL yet.
+suites (measured before the sb3-contrib families were added, quiet machine); full 35.9 min (stress), 39.1 min
+(learning), 40.6 min (overhead) for 0.2.0's variants, as written in each report. With other jobs on the machine
+(load 6 on 2 cores was seen here) up to three times that. The robustness suite (not in those figures) is the
+longest: its full size is estimated at about 3.3 h with ``--jobs 2`` on the 2 cores as fast as they were when it was
+sized (see ``benchmarks/robustness.py``), so ``run all`` at full size takes hours. It is resumable: rerun the same
+command (same ``--out``) after an interruption and it runs only the jobs whose rows are not in its JSONL yet.
 """
 
 import argparse
