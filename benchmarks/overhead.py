@@ -203,6 +203,9 @@ class CallbackClock:
     :param callback: the guard or the adaptive learning rate, or None
     """
 
+    #: per event, [calls, seconds] since construction (``python -m benchmarks.profile_guard`` reads them)
+    calls: dict[str, list[float]]
+
     METHODS = (
         "_on_training_start",
         "_on_rollout_start",
@@ -216,17 +219,23 @@ class CallbackClock:
     def __init__(self, callback: Any) -> None:
         self.callback = callback
         self.seconds = 0.0
+        self.calls = {}
         for name in self.METHODS if callback is not None else ():
             if hasattr(callback, name):
-                setattr(callback, name, self._timed(getattr(callback, name)))
+                setattr(callback, name, self._timed(name, getattr(callback, name)))
 
-    def _timed(self, method: Any) -> Any:
+    def _timed(self, name: str, method: Any) -> Any:
+        record = self.calls.setdefault(name, [0, 0.0])
+
         def timed(*args: Any, **kwargs: Any) -> Any:
             start = time.perf_counter()
             try:
                 return method(*args, **kwargs)
             finally:
-                self.seconds += time.perf_counter() - start
+                elapsed = time.perf_counter() - start
+                self.seconds += elapsed
+                record[0] += 1
+                record[1] += elapsed
 
         return timed
 

@@ -26,29 +26,6 @@ from sb3_safe import NonFiniteGuardCallback
 CASES = (("A2C", "Hopper-v5", 3000), ("DQN", "CartPole-v1", 2000), ("PPO", "Hopper-v5", 4096))
 
 
-class EventClock:
-    """Count the calls of each of a callback's events (:attr:`overhead.CallbackClock.METHODS`) and time them."""
-
-    def __init__(self, callback: Any) -> None:
-        self.calls: dict[str, list[float]] = {}
-        for name in overhead.CallbackClock.METHODS:
-            if hasattr(callback, name):
-                setattr(callback, name, self._timed(name, getattr(callback, name)))
-
-    def _timed(self, name: str, method: Any) -> Any:
-        record = self.calls.setdefault(name, [0, 0.0])
-
-        def timed(*args: Any, **kwargs: Any) -> Any:
-            start = time.perf_counter()
-            try:
-                return method(*args, **kwargs)
-            finally:
-                record[0] += 1
-                record[1] += time.perf_counter() - start
-
-        return timed
-
-
 def _trained_model(algo: str, env_id: str) -> Any:
     model = overhead.build_model(algo, env_id, seed=0)
     model.learn(overhead.warm_up_steps(model))
@@ -59,15 +36,14 @@ def time_events(algo: str, env_id: str, steps: int) -> None:
     """Print microseconds per call and share of ``learn()`` of each guard event in ``steps`` steps."""
     model = _trained_model(algo, env_id)
     guard = NonFiniteGuardCallback(on_nonfinite="rollback")
-    clock = EventClock(guard)
+    clock = overhead.CallbackClock(guard)
     start = time.perf_counter()
     model.learn(steps, callback=guard, reset_num_timesteps=False)
     total = time.perf_counter() - start
-    inside = sum(seconds for _, seconds in clock.calls.values())
-    print(f"## {algo} {env_id}, {steps} steps: {total / steps * 1e6:.0f} us per env step, guard {inside / total:.2%}")
+    print(f"## {algo} {env_id}, {steps} steps: {total / steps * 1e6:.0f} us per env step, guard {clock.seconds / total:.2%}")
     for name, (n_calls, seconds) in sorted(clock.calls.items(), key=lambda item: -item[1][1]):
         if n_calls:
-            print(f"  {name:24s} {n_calls:6d} calls {seconds / n_calls * 1e6:7.1f} us each  {seconds / total:6.2%}")
+            print(f"  {name:24s} {int(n_calls):6d} calls {seconds / n_calls * 1e6:7.1f} us each  {seconds / total:6.2%}")
 
 
 def profile(algo: str, env_id: str, steps: int, top: int = 8) -> None:

@@ -122,16 +122,16 @@ def test_overhead_verdict_reads_the_interval(low: float, high: float, expected: 
     assert verdict(1.02 if "yes" in expected else 1.04, low, high, 1.03) == expected
 
 
-def test_profile_guard_times_each_event_of_a_real_run() -> None:
-    """The per-event clock counts every call of the guard's events and hooks in a real learn(), and times them."""
+def test_callback_clock_times_each_event_of_a_real_run() -> None:
+    """The callback clock counts every call of the guard's events and hooks in a real learn(), and times them."""
     from stable_baselines3 import A2C
 
-    from benchmarks.profile_guard import EventClock
+    from benchmarks.overhead import CallbackClock
     from sb3_safe import NonFiniteGuardCallback
 
     model = A2C("MlpPolicy", "CartPole-v1", n_steps=5, seed=0)
     guard = NonFiniteGuardCallback()
-    clock = EventClock(guard)
+    clock = CallbackClock(guard)
     model.learn(50, callback=guard)
     calls = {name: n_calls for name, (n_calls, _) in clock.calls.items()}
     assert calls["_on_step"] == 50

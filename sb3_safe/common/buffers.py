@@ -222,7 +222,7 @@ class KLRolloutBuffer(RolloutBuffer):
             observations = [cast(th.Tensor, recorded.observation) for recorded in passes]
             acting &= _rows_equal(th.stack(observations), self.observations[positions])
         for row in np.flatnonzero(~acting):
-            params[row] = self._acting_params([], unchecked[row][1], self.actions[positions[row]])
+            params[row] = self._current_params(unchecked[row][1])
         self._store_params(positions, params)
 
     def compute_returns_and_advantage(self, last_values: th.Tensor, dones: np.ndarray) -> None:
@@ -249,6 +249,15 @@ class KLRolloutBuffer(RolloutBuffer):
                     recorded.actions.cpu().numpy().reshape(-1), flat_action
                 ):
                     return recorded.dist_params.cpu().numpy().reshape(self.n_envs, -1)
+        return self._current_params(obs)
+
+    def _current_params(self, obs: Any) -> np.ndarray:
+        """
+        The current policy's parameters on ``obs``, for a step whose acting pass was not recorded (warned once).
+
+        :return: ``(n_envs, width)`` parameters
+        """
+        assert self.policy is not None
         if not self._warned_recomputed:
             warnings.warn(
                 "The forward pass that chose these actions was not recorded (a callback called the policy between "
