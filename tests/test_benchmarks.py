@@ -139,3 +139,27 @@ def test_callback_clock_times_each_event_of_a_real_run() -> None:
     assert calls["_after_optimizer_step"] == 10  # one RMSprop step per rollout
     assert calls["_on_training_start"] == calls["_on_training_end"] == 1
     assert all(seconds > 0 for name, (n_calls, seconds) in clock.calls.items() if n_calls)
+
+
+def test_critic_probe_sees_the_kept_update_and_the_report_reads_it(tmp_path: Path) -> None:
+    """The probe's KL per update is the one the adaptive lr kept (after its redos); the suite runs end to end."""
+    from stable_baselines3 import PPO
+
+    from benchmarks.critic import UpdateProbe
+    from sb3_safe import KLAdaptiveLRCallback
+
+    model = PPO("MlpPolicy", "CartPole-v1", n_steps=64, batch_size=64, n_epochs=4, learning_rate=3e-2, seed=0)
+    # A target this low makes updates overshoot the undo bound: those are redone, and the kept one differs
+    adaptive_lr = KLAdaptiveLRCallback(target_kl=1e-5, undo_above=2.0, max_redos=1)
+    probe = UpdateProbe()
+    model.learn(256, callback=[adaptive_lr, probe])
+    assert adaptive_lr.redone_updates >= 1 and len(probe.updates) == len(adaptive_lr.history) == 4
+    assert [update["kl"] for update in probe.updates] == pytest.approx([kl for kl, _ in adaptive_lr.history], rel=1e-5)
+    assert all(update["explained_variance"] is not None and update["explained_variance"] <= 1.0 for update in probe.updates)
+
+    main(["run", "critic", "--size", "tiny", "--jobs", "1", "--out", str(tmp_path)])
+    rows = run_rows(tmp_path, "critic")
+    assert {row["variant"] for row in rows} == {"PPO", "PPO+SafeMlpPolicy+guard+KL-lr"}
+    assert all(row["updates"] and all(u["kl"] is not None and u["kl"] >= 0.0 for u in row["updates"]) for row in rows)
+    assert "| lr factor | variant | seed | learning rate, first / last |" in (tmp_path / "critic.md").read_text()
+    assert (tmp_path / "critic.png").stat().st_size > 0
