@@ -14,9 +14,10 @@ Wall time with ``--jobs 2`` on the 2 shared CPU cores of the committed results: 
 suites (measured before the sb3-contrib families were added, quiet machine); full 35.9 min (stress), 39.1 min
 (learning), 40.6 min (overhead) for 0.2.0's variants, as written in each report. With other jobs on the machine
 (load 6 on 2 cores was seen here) up to three times that. The robustness suite (not in those figures) is the
-longest: its full size is estimated at about 3.3 h with ``--jobs 2`` on the 2 cores as fast as they were when it was
-sized (see ``benchmarks/robustness.py``), so ``run all`` at full size takes hours. It is resumable: rerun the same
-command (same ``--out``) after an interruption and it runs only the jobs whose rows are not in its JSONL yet.
+longest: its full size took 4.7 h wall with ``--jobs 2`` (summed over the four sessions it ran in; see
+``benchmarks/robustness.py``), so ``run all`` at full size takes hours; it is resumable: rerun the same command
+(same ``--out``) after an interruption and it runs only the jobs whose rows are not in its JSONL yet. The critic
+suite (12 runs) took 8.3 min with ``--jobs 1`` beside the robustness suite.
 """
 
 import argparse
