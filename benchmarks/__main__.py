@@ -17,7 +17,7 @@ suites (measured before the sb3-contrib families were added, quiet machine); ful
 longest: its full size took 4.7 h wall with ``--jobs 2`` (summed over the four sessions it ran in; see
 ``benchmarks/robustness.py``), so ``run all`` at full size takes hours; it is resumable: rerun the same command
 (same ``--out``) after an interruption and it runs only the jobs whose rows are not in its JSONL yet. The critic
-suite (12 runs) took 8.3 min with ``--jobs 1`` beside the robustness suite.
+suite (24 runs) took 5.1 min on free cores.
 """
 
 import argparse

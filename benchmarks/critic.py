@@ -1,8 +1,9 @@
 """
 What the KL does not see: per update on Acrobot-v1 at the robustness map's settings, the policy's KL (what
 :class:`~sb3_safe.KLAdaptiveLRCallback` adapts on) beside the critic's explained variance, for stock PPO and the
-recommended stack at learning rate x1 / x10 / x100. Written to find out why the adaptive lr misses on Acrobot-v1
-(``robustness.md``): SB3's policies train the actor and the critic with one optimizer, so one learning rate.
+recommended stack at learning rate x1 / x10 / x30 / x100, 3 seeds. Written to find out why the adaptive lr misses on
+Acrobot-v1 (``robustness.md``): SB3's policies train the actor and the critic with one optimizer, so one learning
+rate.
 
 Per update: the learning rate it used; the mean exact ``KL(pi_old || pi_new)`` over its rollout
 (:func:`sb3_safe.common.rollout_kl.mean_kl`, measured the same way for both variants, after any redo); the policy's
@@ -25,8 +26,8 @@ from sb3_safe.common.schedules import current_learning_rate
 SUITE = "critic"
 ENV_ID = "Acrobot-v1"
 VARIANTS = ("PPO", "PPO+SafeMlpPolicy+guard+KL-lr")
-FACTORS = {"tiny": (1.0,), "quick": (1.0, 10.0), "full": (1.0, 10.0, 100.0)}
-SEEDS = {"tiny": (0,), "quick": (0,), "full": (0, 1)}
+FACTORS = {"tiny": (1.0,), "quick": (1.0, 10.0), "full": (1.0, 10.0, 30.0, 100.0)}
+SEEDS = {"tiny": (0,), "quick": (0,), "full": (0, 1, 2)}
 #: Updates from which the critic has had time to fit (the tuned run's explained variance passes 0.4 by the 5th)
 SETTLED_FROM = 4
 
