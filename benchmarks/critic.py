@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import torch as th
 from stable_baselines3.common.callbacks import BaseCallback
+from stable_baselines3.common.utils import explained_variance
 
 from benchmarks import reports, robustness, suite, training, variants
 from sb3_safe.common.rollout_kl import Rollout, mean_kl, old_distribution_params
@@ -50,14 +51,13 @@ class UpdateProbe(BaseCallback):
         with th.no_grad():
             observations = th.as_tensor(rollout.observations, device=model.device)
             entropy = model.policy.get_distribution(observations).entropy()
-        returns = buffer.returns.ravel()
-        explained = 1.0 - np.var(returns - buffer.values.ravel()) / np.var(returns) if np.var(returns) > 0 else None
+        explained = explained_variance(buffer.values.ravel(), buffer.returns.ravel())  # nan for constant returns
         episodes = [info["r"] for info in model.ep_info_buffer]
         self.updates.append(
             dict(
                 learning_rate=current_learning_rate(model),
                 entropy=float(entropy.mean()) if entropy is not None else None,
-                explained_variance=None if explained is None else float(explained),
+                explained_variance=float(explained),
                 episode_return=float(np.mean(episodes)) if episodes else None,
                 kl=None,
             )
@@ -85,20 +85,19 @@ def run_job(job: tuple[str, float, int, str]) -> list[dict[str, Any]]:
     """Train one variant at one learning-rate factor with the probe last (it sees the update that was kept)."""
     variant_name, factor, seed, size = job
     task = robustness.TASKS[ENV_ID]
-    tuned_lr, ent_coef = robustness.tuned_settings(task)
-    overrides = dict(task.overrides.get(size, {}), learning_rate=robustness.scaled_learning_rate(tuned_lr, factor))
-    config = robustness.task_config(task, **overrides)
-    variant = variants.VARIANTS[variant_name]
-    env = training.make_env(ENV_ID, config.n_envs, seed, normalize=config.normalize, gamma=config.gamma)
-    model = variants.build_model(variant, env, seed, config.kwargs)
+    ent_coef = robustness.tuned_settings(task)[1]
+    config = robustness.cell_config(task, factor, ent_coef, size)
     probe = UpdateProbe()
-    callbacks = [cb for cb in (variants.make_guard(variant), variants.make_adaptive_lr(variant), probe) if cb is not None]
-    model.learn(task.timesteps[size], callback=callbacks)
-    final = training.evaluate(model, ENV_ID, seed, robustness.EVAL_EPISODES[size])
-    env.close()
-    return [
-        dict(variant=variant_name, lr_factor=factor, seed=seed, ent_coef=ent_coef, updates=probe.updates, final_return=final)
-    ]
+    row = training.train(
+        variants.VARIANTS[variant_name],
+        ENV_ID,
+        config,
+        task.timesteps[size],
+        seed,
+        robustness.EVAL_EPISODES[size],
+        callbacks=[probe],
+    )
+    return [dict(row, lr_factor=factor, ent_coef=ent_coef, updates=probe.updates)]
 
 
 def budget(size: str) -> dict[str, Any]:

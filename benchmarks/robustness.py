@@ -316,13 +316,19 @@ def row_key(row: dict[str, Any]) -> tuple[str, str, float, float, int]:
     return row["task"], row["variant"], row["lr_factor"], row["ent_coef"], row["seed"]
 
 
+def cell_config(task: Task, factor: float, ent_coef: float, size: str) -> configs.ZooConfig:
+    """The task's settings in one grid cell: learning rate tuned x ``factor``, ``ent_coef``, the size's overrides."""
+    tuned_lr, _ = tuned_settings(task)
+    overrides = dict(task.overrides.get(size, {}), learning_rate=scaled_learning_rate(tuned_lr, factor), ent_coef=ent_coef)
+    return task_config(task, **overrides)
+
+
 def run_job(job: Job) -> list[dict[str, Any]]:
     """Train and evaluate one grid cell's run; crashes are results."""
     env_id, variant, factor, ent_coef, seed, size = job
     task = TASKS[env_id]
     tuned_lr, _ = tuned_settings(task)
-    overrides = dict(task.overrides.get(size, {}), learning_rate=scaled_learning_rate(tuned_lr, factor), ent_coef=ent_coef)
-    config = task_config(task, **overrides)
+    config = cell_config(task, factor, ent_coef, size)
     row = training.train(variants.VARIANTS[variant], env_id, config, task.timesteps[size], seed, EVAL_EPISODES[size])
     return [
         dict(

@@ -155,6 +155,7 @@ def train(
     eval_wrapper: Callable[[Any], Any] | None = None,
     prepare: Callable[[Any], None] | None = None,
     curve: bool = False,
+    callbacks: list[Any] | None = None,
 ) -> dict[str, Any]:
     """
     Train one variant on one seed, catch whatever it raises, check its parameters, evaluate it.
@@ -164,6 +165,7 @@ def train(
     :param eval_wrapper: wrapper of the evaluation env (observation changes, not reward changes)
     :param prepare: called on the model before training (e.g. to push a bias into saturation)
     :param curve: record training episode returns
+    :param callbacks: more callbacks, called after the variant's guard and adaptive lr (so they see the kept update)
     :return: one JSONL row (wall and CPU seconds of ``learn()``, error, finiteness, return, guard counts, the final
         log-std's largest entry; MaskablePPO: the actions sampled against the mask)
     """
@@ -175,7 +177,7 @@ def train(
     adaptive_lr = make_adaptive_lr(variant)
     curve_callback = episode_curve_callback() if curve else None
     masked = masked_actions_callback() if variant.algo == "MaskablePPO" else None
-    callbacks = [cb for cb in (curve_callback, masked, guard, adaptive_lr) if cb is not None]
+    callbacks = [cb for cb in (curve_callback, masked, guard, adaptive_lr, *(callbacks or ())) if cb is not None]
     error = None
     wall, cpu = time.perf_counter(), time.process_time()
     try:
