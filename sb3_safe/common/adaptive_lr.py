@@ -92,10 +92,12 @@ DEFAULT_TOLERANCE = 3.0
 PPO_STYLE = KLTargets(target_kl=0.015, undo_above=6.0)
 #: A2C-style algorithms (one gradient step per update of a few steps): tuned A2C updates have a mean KL of 6e-4-1e-3
 #: on CartPole-v1 and 3.6e-4 on Acrobot-v1, heavy-tailed (CartPole-v1: median 1.1e-4, 99th percentile 1.7e-2). The
-#: undo bound (3e-2) leaves the tail alone, where undoing above 1e-2 redid 1 % of the tuned updates, each lowering
-#: the learning rate, and lost returns (2 seeds x 4 learning rates on CartPole-v1: mean 450 with 30x, 334 with 10x,
-#: 130 with 4x and windows of 512 steps)
-ONE_STEP = KLTargets(target_kl=1e-3, undo_above=30.0)
+#: target is above those: aimed at the tuned KL (1e-3), the learning rate wandered below the tuned one on CartPole-v1
+#: (each redo lowers it; a window's few heavy-tailed KLs move it on noise), where stock A2C learns best at 3x the
+#: tuned rate (robustness map: 500 in 6 of 6 runs). 3e-3 (no change within [1e-3, 9e-3]) keeps it higher: in a
+#: prototype on the map's slice (x0.1-x30, both ent_coefs, 31 runs) IQM 0.99 vs 0.76, where the window's median
+#: instead of its mean (0.62, 0.70) or a higher undo bound alone (0.66) did not help. Undone above 30x (9e-2)
+ONE_STEP = KLTargets(target_kl=3e-3, undo_above=30.0)
 
 
 class KLAdaptiveLRCallback(BaseCallback):

@@ -64,8 +64,8 @@ def _sample_policy_bounds(trial: optuna.Trial, n_actions: int) -> dict[str, floa
 
 
 #: The range the adaptive learning rate's target is sampled from: around its measured defaults (PPO-style 0.03,
-#: A2C-style 1e-3, see sb3_safe.common.adaptive_lr), a decade each way
-ADAPTIVE_LR_TARGETS = {"kl_ppo": (0.003, 0.3), "safe_a2c": (1e-4, 1e-2)}
+#: A2C-style 3e-3, see sb3_safe.common.adaptive_lr), a decade each way
+ADAPTIVE_LR_TARGETS = {"kl_ppo": (0.003, 0.3), "safe_a2c": (3e-4, 3e-2)}
 
 
 def _sample_adaptive_lr(trial: optuna.Trial, algo: str) -> dict[str, float]:
