@@ -65,6 +65,16 @@ def jobs(size: str) -> list[tuple[str, str, str, int, int, int]]:
     ]
 
 
+def job_key(job: tuple[str, str, str, int, int, int]) -> tuple[str, str, str, int]:
+    """What identifies a run: (family, env, variant, seed); a rerun with the same ``--out`` skips the keys written."""
+    return job[:4]
+
+
+def row_key(row: dict[str, Any]) -> tuple[str, str, str, int]:
+    """:func:`job_key` of the job that wrote ``row``."""
+    return row["family"], row["env"], row["variant"], row["seed"]
+
+
 def run_job(job: tuple[str, str, str, int, int, int]) -> list[dict[str, Any]]:
     """Train and evaluate one (family, env, variant, seed)."""
     family, env_id, variant, seed, timesteps, episodes = job

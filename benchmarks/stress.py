@@ -336,6 +336,16 @@ def jobs(size: str) -> list[tuple[str, str, int, int, int]]:
     ]
 
 
+def job_key(job: tuple[str, str, int, int, int]) -> tuple[str, str, int]:
+    """What identifies a run: (config, variant, seed); a rerun with the same ``--out`` skips the keys written."""
+    return job[:3]
+
+
+def row_key(row: dict[str, Any]) -> tuple[str, str, int]:
+    """:func:`job_key` of the job that wrote ``row`` (a reference run's variant is :data:`REFERENCE`)."""
+    return row["config"], REFERENCE if row["role"] == REFERENCE else row["variant"], row["seed"]
+
+
 def variants(config: StressConfig) -> list[str]:
     """The config's variants, one per role the family has (roles that need a log-std only for continuous actions)."""
     training.register_envs(config.env_id)

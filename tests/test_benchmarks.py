@@ -1,5 +1,6 @@
 """The benchmark harness runs end to end at a tiny budget (the numbers are not checked, only their shape)."""
 
+import importlib
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -163,3 +164,12 @@ def test_critic_probe_sees_the_kept_update_and_the_report_reads_it(tmp_path: Pat
     assert all(row["updates"] and all(u["kl"] is not None and u["kl"] >= 0.0 for u in row["updates"]) for row in rows)
     assert "| lr factor | variant | seed | learning rate, first / last |" in (tmp_path / "critic.md").read_text()
     assert (tmp_path / "critic.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("suite", ["learning", "stress"])
+def test_suite_rows_name_their_jobs_for_a_resumed_run(suite: str, tiny_run: Callable[[str], Path]) -> None:
+    """A rerun with the same --out skips the jobs whose key is among the rows: each job's key once, one per row."""
+    module = importlib.import_module(f"benchmarks.{suite}")
+    keys = [module.job_key(job) for job in module.jobs("tiny")]
+    assert len(set(keys)) == len(keys)
+    assert sorted(map(module.row_key, run_rows(tiny_run(suite), suite))) == sorted(keys)
