@@ -132,7 +132,8 @@ class KLAdaptiveLRCallback(BaseCallback):
     can move the policy so far (a KL of 15 on Pendulum-v1; a softmax saturated for good on CartPole-v1) that no
     later learning rate brings it back; absolute bounds as the anchors', which also catch a configured learning
     rate far too high before its first update. The defaults per kind of algorithm (:data:`PPO_STYLE`,
-    :data:`ONE_STEP`) are the tuned settings' own KLs: at a sound learning rate the callback changes little.
+    :data:`ONE_STEP`) come from the tuned settings' own KLs, so that at a sound learning rate the callback changes
+    little; A2C's sits above them (its learning rate drifted below the tuned one on the KLs' heavy tail).
 
     Works with the algorithms that take gradient steps on their policy (not TRPO, whose step is a line search in
     a KL trust region of its own). With KLAdaptivePPO two controllers see one signal: its adaptive penalty
