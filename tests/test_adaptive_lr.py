@@ -17,7 +17,7 @@ from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.evaluation import evaluate_policy
 
 from sb3_safe import KLAdaptiveLRCallback, KLAdaptivePPO, NonFiniteGuardCallback, SafeA2C, SafeMlpPolicy
-from sb3_safe.common.adaptive_lr import DEFAULT_LR_BOUNDS, learning_rate_factor
+from sb3_safe.common.adaptive_lr import DEFAULT_LR_BOUNDS, ONE_STEP, PPO_STYLE, KLTargets, learning_rate_factor
 from sb3_safe.common.schedules import ScaledSchedule, current_learning_rate, learning_rate_scale
 
 
@@ -41,6 +41,29 @@ def test_step_meets_the_target_where_kl_grows_like_lr_squared() -> None:
     # limited to max_step either way
     assert learning_rate_factor(1e-9, 0.02, 2.0, 2.0) == 2.0
     assert learning_rate_factor(1e3, 0.02, 2.0, 2.0) == 0.5
+
+
+@pytest.mark.parametrize(
+    "make, expected",
+    [
+        (lambda: PPO("MlpPolicy", "CartPole-v1", n_steps=16, batch_size=16), PPO_STYLE),
+        (lambda: A2C("MlpPolicy", "CartPole-v1", n_steps=8), ONE_STEP),
+        (lambda: SafeA2C("MlpPolicy", "CartPole-v1", n_steps=8), ONE_STEP),
+        # KLAdaptivePPO's penalty and the learning rate aim at one target
+        (
+            lambda: KLAdaptivePPO("MlpPolicy", "CartPole-v1", n_steps=16, batch_size=16, adaptive_kl_target=0.02),
+            KLTargets(target_kl=0.02, undo_above=PPO_STYLE.undo_above),
+        ),
+    ],
+)
+def test_defaults_follow_the_kind_of_algorithm_and_given_values_win(make: Any, expected: KLTargets) -> None:
+    model = make()
+    callback = KLAdaptiveLRCallback()
+    model.learn(16, callback=callback)
+    assert callback.targets == expected
+    given = KLAdaptiveLRCallback(target_kl=0.5, undo_above=2.0)
+    make().learn(16, callback=given)
+    assert given.targets == KLTargets(target_kl=0.5, undo_above=2.0)
 
 
 @pytest.mark.parametrize(
