@@ -19,6 +19,7 @@ from rl_zoo3.hyperparams_opt import (
 from stable_baselines3.common.base_class import BaseAlgorithm
 
 from sb3_safe.a2c_safe import SafeA2C
+from sb3_safe.common.adaptive_lr import ONE_STEP
 from sb3_safe.ppo_kl import KLAdaptivePPO
 from sb3_safe.zoo.errors import ZooUsageError
 
@@ -63,9 +64,12 @@ def _sample_policy_bounds(trial: optuna.Trial, n_actions: int) -> dict[str, floa
     return {"logit_bound": trial.suggest_float("logit_bound", 2.0, 20.0, log=True)}
 
 
-#: The range the adaptive learning rate's target is sampled from: around its measured defaults (PPO-style 0.03,
-#: A2C-style 3e-3, see sb3_safe.common.adaptive_lr), a decade each way
-ADAPTIVE_LR_TARGETS = {"kl_ppo": (0.003, 0.3), "safe_a2c": (3e-4, 3e-2)}
+#: The range the adaptive learning rate's target is sampled from, a decade each way around its default: kl_ppo.yml's
+#: adaptive_kl_target 0.03 (the callback aims at it), the A2C-style default for safe_a2c
+ADAPTIVE_LR_TARGETS = {
+    "kl_ppo": (0.003, 0.3),
+    "safe_a2c": (ONE_STEP.target_kl / 10, ONE_STEP.target_kl * 10),
+}
 
 
 def _sample_adaptive_lr(trial: optuna.Trial, algo: str) -> dict[str, float]:
