@@ -22,7 +22,7 @@ def report_header(title: str, meta: dict[str, Any], budget_lines: list[str]) -> 
         f"Command: `{meta.get('command', '?')}` (size `{meta.get('size')}`, {meta.get('jobs')} processes, 1 torch thread"
         f" each; {wall})",
         "",
-        f"- Machine: {meta.get('cpu')}, {meta.get('cores')} cores, shared with other jobs (1-min load average before /"
+        f"- Machine: {_machines(meta)}, {meta.get('cores')} cores, shared with other jobs (1-min load average before /"
         f" after: {meta.get('load_avg')} / {meta.get('load_avg_after', '?')})",
         f"- Versions: Python {meta.get('python')}, torch {meta.get('torch')}, SB3 {meta.get('sb3')}, gymnasium"
         f" {meta.get('gymnasium')}, sb3-safe {meta.get('sb3_safe')}"
@@ -30,6 +30,18 @@ def report_header(title: str, meta: dict[str, Any], budget_lines: list[str]) -> 
         *[f"- {line}" for line in budget_lines],
         "",
     ]
+
+
+def _machines(meta: dict[str, Any]) -> str:
+    """The CPU, or for a run resumed on other machines each CPU with its sessions (1-based, in order)."""
+    cpus = meta.get("cpus") or [meta.get("cpu")]
+    if len(set(cpus)) == 1:
+        return str(cpus[0])
+    sessions: dict[str, list[str]] = {}
+    for number, cpu in enumerate(cpus, start=1):
+        sessions.setdefault(str(cpu), []).append(str(number))
+    listed = "; ".join(f"{cpu} (sessions {', '.join(numbers)})" for cpu, numbers in sessions.items())
+    return f"{listed}: one commit and seed can end elsewhere on another CPU"
 
 
 def write_report(path: Path, lines: list[str]) -> None:

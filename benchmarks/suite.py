@@ -121,8 +121,10 @@ def run_suite(
         rows = [line for line in earlier if line.get("kind") != "meta"]
         done_keys = {row_key(row) for row in rows}
         todo = [job for job in jobs if job_key(job) not in done_keys]
-        walls, commits = _sessions(earlier)
-        meta.update(sessions=len(walls) + 1, commits=[*commits, meta["commit"]], resumed_rows=len(rows))
+        walls, commits, cpus = _sessions(earlier)
+        meta.update(
+            sessions=len(walls) + 1, commits=[*commits, meta["commit"]], cpus=[*cpus, meta["cpu"]], resumed_rows=len(rows)
+        )
         print(f"[{suite}] resuming {path}: {len(jobs) - len(todo)} of {len(jobs)} jobs done, {len(todo)} to run", flush=True)
         # Rewritten without a line cut short by the interruption
         write_jsonl(path, [*earlier, meta])
@@ -131,7 +133,9 @@ def run_suite(
         write_jsonl(path, [meta])
     start = time.perf_counter()
     for done, row in enumerate(run_parallel(function, todo, n_jobs), start=1):
-        write_jsonl(path, [dict(kind="run", **row, finished_at=time.time())], mode="a")
+        # The machine per row: runs of one seed differ between CPUs (their float kernels), so a resumed map says
+        # which rows came from which
+        write_jsonl(path, [dict(kind="run", **row, cpu=meta["cpu"], finished_at=time.time())], mode="a")
         print(f"[{suite} row {done}] " + summary(row), flush=True)
     session_wall = time.perf_counter() - start
     meta.update(wall_s=sum(walls) + session_wall, session_wall_s=session_wall, load_avg_after=round(os.getloadavg()[0], 2))
@@ -166,24 +170,26 @@ def _earlier_lines(path: Path, suite: str, size: str, budget: dict[str, Any]) ->
     return lines
 
 
-def _sessions(lines: list[dict[str, Any]]) -> tuple[list[float], list[str | None]]:
+def _sessions(lines: list[dict[str, Any]]) -> tuple[list[float], list[str | None], list[str | None]]:
     """
-    Wall seconds and commit of each session in a JSONL: a session starts with a meta row without ``wall_s`` and
-    ends with one that has it; an interrupted session ends at its last row.
+    Wall seconds, commit and CPU of each session in a JSONL: a session starts with a meta row without ``wall_s``
+    and ends with one that has it; an interrupted session ends at its last row.
     """
     walls: list[float] = []
     commits: list[str | None] = []
+    cpus: list[str | None] = []
     started = None
     for line in lines:
         if line.get("kind") == "meta" and "wall_s" not in line:
             walls.append(0.0)
             commits.append(line.get("commit"))
+            cpus.append(line.get("cpu"))
             started = line.get("started_at")
         elif line.get("kind") == "meta" and walls:
             walls[-1] = line.get("session_wall_s", line["wall_s"])
         elif walls and started is not None and "finished_at" in line:
             walls[-1] = line["finished_at"] - started
-    return walls, commits
+    return walls, commits, cpus
 
 
 def summary(row: dict[str, Any]) -> str:

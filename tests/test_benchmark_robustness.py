@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from benchmarks import aggregate, configs, suite
+from benchmarks import aggregate, configs, reports, suite
 from benchmarks.__main__ import main
 from benchmarks.robustness import (
     SEEDS,
@@ -133,6 +133,7 @@ def test_rerun_continues_an_interrupted_map(tiny_out: Path, tmp_path: Path, caps
     assert [json.dumps(row) for row in runs[:kept]] == lines[1 : kept + 1]  # as text: NaN is not equal to itself
     meta = suite.read_jsonl(tmp_path / "robustness.jsonl")[0]
     assert meta["sessions"] == 2 and meta["resumed_rows"] == kept
+    assert meta["cpus"] == [meta["cpu"]] * 2 and all(row["cpu"] == meta["cpu"] for row in runs)
     assert meta["wall_s"] > meta["session_wall_s"]
     assert "Resumed: 2 sessions" in (tmp_path / "robustness.md").read_text()
 
@@ -360,3 +361,12 @@ def test_the_masked_random_policy_acts_among_allowed_actions() -> None:
     assert random_return(configs.MACHINE_SCHEDULING) == pytest.approx(
         example.scripted_return(example.random_ready, seed=0), abs=1.0
     )
+
+
+def test_report_header_names_each_machine_of_a_resumed_run() -> None:
+    """Runs of one seed differ between CPUs: a map resumed on another machine says which sessions ran where."""
+    one = dict(cpu="CPU A", cpus=["CPU A", "CPU A"], cores=2)
+    assert "- Machine: CPU A, 2 cores" in "\n".join(reports.report_header("t", one, []))
+    mixed = dict(cpu="CPU B", cpus=["CPU A", "CPU A", "CPU B"], cores=2)
+    header = "\n".join(reports.report_header("t", mixed, []))
+    assert "CPU A (sessions 1, 2); CPU B (sessions 3)" in header
