@@ -54,6 +54,10 @@ HEADLINE_HEADER = [
 ]
 
 
+#: Runs of the map repeated on another CPU with the same code and seeds, read beside the map's JSONL if present
+REPLICATE_FILE = f"{SUITE}_cpu_replicate.jsonl"
+
+
 def report(out: Path) -> None:
     """``robustness.md``, the heatmaps and the performance profiles from ``robustness.jsonl`` in ``out``."""
     meta, runs = suite.read_jsonl(out / f"{SUITE}.jsonl")
@@ -69,6 +73,9 @@ def report(out: Path) -> None:
     lines[at:at] = [f"  - {_describe(result, grid.get(result.task.env_id, {}).get('overrides'))}" for result in results]
     for result in results:
         lines += _task_section(result)
+    replicate = out / REPLICATE_FILE
+    if replicate.exists():
+        lines += cpu_replicate_section(suite.read_jsonl(replicate), {result.task.env_id: result for result in results})
     lines += [
         "## Performance profiles",
         "",
@@ -81,6 +88,65 @@ def report(out: Path) -> None:
     for result in results:
         plot_heatmaps(result, out)
     plot_profiles(results, out)
+
+
+def cpu_replicate_section(
+    replicate: tuple[dict[str, Any], list[dict[str, Any]]], results: dict[str, TaskResults]
+) -> list[str]:
+    """
+    How far chance decides a run at the map's budgets: the same jobs (code, settings, seed) on two CPUs, whose float
+    kernels round differently, compared per task and variant on the normalized scores of ``results`` (its
+    references).
+
+    :param replicate: the meta row and the runs of :data:`REPLICATE_FILE`, each job once per CPU (``cpu``)
+    :param results: the map's results per task
+    """
+    meta, runs = replicate
+    by_job: dict[Any, dict[str, dict[str, Any]]] = {}
+    for row in runs:
+        by_job.setdefault(row_key(row), {})[row["cpu"]] = row
+    pairs = {key: list(rows.values()) for key, rows in by_job.items() if len(rows) == 2 and key[0] in results}
+    cpus = sorted({row["cpu"] for rows in pairs.values() for row in rows})
+    table_rows = []
+    for task_variant in sorted({key[:2] for key in pairs}):
+        result = results[task_variant[0]]
+        keys = [key for key in pairs if key[:2] == task_variant]
+        scores = {key: [result.score(row) for row in pairs[key]] for key in keys}
+        cells: dict[Any, list[list[float]]] = {}
+        for key in keys:
+            cells.setdefault(key[2:4], []).append(scores[key])
+        # Cells with as many seeds as the map's: their seed means on each CPU
+        seeds = max(len(rows) for rows in result.cells[task_variant[1]].values())
+        whole = [np.mean(cell, axis=0) for cell in cells.values() if len(cell) == seeds]
+        table_rows.append(
+            [
+                *task_variant,
+                len(keys),
+                sum(pairs[key][0]["final_return"] == pairs[key][1]["final_return"] for key in keys),
+                f"{np.median([abs(a - b) for a, b in scores.values()]):.2f}",
+                sum((a >= REACH_THRESHOLD) != (b >= REACH_THRESHOLD) for a, b in scores.values()),
+                f"{sum((a >= REACH_THRESHOLD) != (b >= REACH_THRESHOLD) for a, b in whole)} of {len(whole)}",
+            ]
+        )
+    header = [
+        "task",
+        "variant",
+        "runs on both CPUs",
+        "same final return",
+        "median difference of normalized score",
+        f"runs on different sides of {REACH_THRESHOLD:.0%}",
+        f"cells (all seeds) on different sides of {REACH_THRESHOLD:.0%}",
+    ]
+    return [
+        "## The same runs on another CPU",
+        "",
+        f"{meta.get('note', '')}. CPUs: {', '.join(cpus)}. A run's settings and seed fix it on one machine; another"
+        " CPU's float kernels round differently, and over tens of thousands of steps some runs part as far as two seeds."
+        " Scores use this map's references.",
+        "",
+        *reports.table(header, table_rows),
+        "",
+    ]
 
 
 def _budget_lines(meta: dict[str, Any], runs: list[dict[str, Any]]) -> list[str]:

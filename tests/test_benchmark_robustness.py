@@ -23,9 +23,10 @@ from benchmarks.robustness import (
     row_key,
     scaled_learning_rate,
 )
-from benchmarks.robustness_report import HEADLINE_HEADER
+from benchmarks.robustness_report import HEADLINE_HEADER, cpu_replicate_section
 from benchmarks.robustness_scores import (
     REACH_THRESHOLD,
+    TaskResults,
     beats_best_peer,
     best_peer_worst,
     cells_reached,
@@ -370,3 +371,25 @@ def test_report_header_names_each_machine_of_a_resumed_run() -> None:
     mixed = dict(cpu="CPU B", cpus=["CPU A", "CPU A", "CPU B"], cores=2)
     header = "\n".join(reports.report_header("t", mixed, []))
     assert "CPU A (sessions 1, 2); CPU B (sessions 3)" in header
+
+
+def test_cpu_replicate_section_compares_the_same_jobs_on_two_cpus() -> None:
+    """Per task and variant: pairs, equal returns, the median score difference and the 90 % criterion's flips."""
+
+    def run(factor: float, seed: int, cpu: str, final_return: float) -> dict[str, Any]:
+        return dict(task="Pendulum-v1", variant="PPO", lr_factor=factor, ent_coef=0.0, seed=seed, cpu=cpu,
+                    final_return=final_return, error=None, eval_error=None, params_finite=True)  # fmt: skip
+
+    # Scores: x1 seeds 0 / 1: 1 and 1 on A, 0 and 1 on B (cell means 1 / 0.5); x10 seed 0: 1 on both
+    # (a cell of 1 seed of the map's 2: not a whole cell); a job on one CPU only is not paired
+    runs = [
+        run(1.0, 0, "A", -100.0), run(1.0, 0, "B", -1000.0), run(1.0, 1, "A", -100.0), run(1.0, 1, "B", -100.0),
+        run(10.0, 0, "A", -100.0), run(10.0, 0, "B", -100.0), run(30.0, 0, "A", -100.0),
+    ]  # fmt: skip
+    map_cells = {(1.0, 0.0): runs[:2], (10.0, 0.0): runs[:2]}
+    result = TaskResults(TASKS["Pendulum-v1"], {"PPO": map_cells}, [1.0, 10.0], [0.0], 0.0, random=-1000.0, tuned=-100.0)
+
+    lines = cpu_replicate_section(({"note": "Two CPUs"}, runs), {"Pendulum-v1": result})
+
+    assert lines[0] == "## The same runs on another CPU" and "CPUs: A, B" in lines[2]
+    assert "| Pendulum-v1 | PPO | 3 | 2 | 0.00 | 1 | 1 of 1 |" in lines
