@@ -17,7 +17,7 @@ from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.evaluation import evaluate_policy
 
 from sb3_safe import KLAdaptiveLRCallback, KLAdaptivePPO, NonFiniteGuardCallback, SafeA2C, SafeMlpPolicy
-from sb3_safe.common.adaptive_lr import DEFAULT_LR_BOUNDS, ONE_STEP, PPO_STYLE, KLTargets, learning_rate_factor
+from sb3_safe.common.adaptive_lr import LOWEST_LEARNING_RATE, ONE_STEP, PPO_STYLE, KLTargets, learning_rate_factor
 from sb3_safe.common.schedules import ScaledSchedule, current_learning_rate, learning_rate_scale
 
 
@@ -52,7 +52,7 @@ def test_step_meets_the_target_where_kl_grows_like_lr_squared() -> None:
         # KLAdaptivePPO's penalty and the learning rate aim at one target
         (
             lambda: KLAdaptivePPO("MlpPolicy", "CartPole-v1", n_steps=16, batch_size=16, adaptive_kl_target=0.02),
-            KLTargets(target_kl=0.02, undo_above=PPO_STYLE.undo_above),
+            KLTargets(target_kl=0.02, undo_above=PPO_STYLE.undo_above, highest_learning_rate=3e-3),
         ),
     ],
 )
@@ -61,9 +61,11 @@ def test_defaults_follow_the_kind_of_algorithm_and_given_values_win(make: Any, e
     callback = KLAdaptiveLRCallback()
     model.learn(16, callback=callback)
     assert callback.targets == expected
-    given = KLAdaptiveLRCallback(target_kl=0.5, undo_above=2.0)
+    assert callback.bounds == (LOWEST_LEARNING_RATE, expected.highest_learning_rate)
+    given = KLAdaptiveLRCallback(target_kl=0.5, undo_above=2.0, lr_bounds=(1e-4, 0.1))
     make().learn(16, callback=given)
-    assert given.targets == KLTargets(target_kl=0.5, undo_above=2.0)
+    assert given.targets == KLTargets(target_kl=0.5, undo_above=2.0, highest_learning_rate=expected.highest_learning_rate)
+    assert given.bounds == (1e-4, 0.1)
 
 
 @pytest.mark.parametrize(
@@ -210,8 +212,9 @@ def test_learning_rate_far_too_high_starts_at_the_upper_bound_and_overshooting_u
     callback = KLAdaptiveLRCallback(target_kl=1e-3)  # at 1e-2 this PPO's updates reach KL 0.005-0.03
     model.learn(128 * 8, callback=callback)
     kls, learning_rates = zip(*callback.history, strict=True)
-    assert learning_rates[0] <= DEFAULT_LR_BOUNDS[1]  # the configured 1.0 never reached the optimizer
-    assert all(DEFAULT_LR_BOUNDS[0] <= lr <= DEFAULT_LR_BOUNDS[1] for lr in learning_rates)
+    low, high = LOWEST_LEARNING_RATE, PPO_STYLE.highest_learning_rate
+    assert learning_rates[0] <= high  # the configured 1.0 never reached the optimizer
+    assert all(low <= lr <= high for lr in learning_rates)
     assert callback.redone_updates > 0
     assert learning_rates[-1] < learning_rates[0]
     assert all(math.isfinite(kl) for kl in kls) and all(th.isfinite(p).all() for p in model.policy.parameters())

@@ -30,12 +30,8 @@ from sb3_safe.common.numerics import FlatCopy
 from sb3_safe.common.rollout_kl import Rollout, mean_kl, mean_kl_on_batch, old_distribution_params
 from sb3_safe.common.schedules import current_learning_rate, learning_rate_scale, scale_learning_rate
 
-#: Bounds on the learning rate: the anchors' lower one (rsl_rl, SBX: 1e-5); their upper one, 1e-2, lowered to 3e-3,
-#: three times the highest tuned rate of rl-zoo's PPO, A2C and RecurrentPPO entries (1e-3). On the robustness map
-#: stock PPO / A2C learned at about 3e-3 (Pendulum-v1, CartPole-v1) and failed in 3 to 6 of 6 runs at 7e-3 to 1e-2
-#: (Pendulum-v1, CartPole-v1, Acrobot-v1), where on Acrobot-v1 the KL stays in range (``critic.md``): a configured
-#: rate above 3e-3 starts there
-DEFAULT_LR_BOUNDS = (1e-5, 3e-3)
+#: The anchors' lower bound on the learning rate (rsl_rl, SBX); the upper one is the kind's (:class:`KLTargets`)
+LOWEST_LEARNING_RATE = 1e-5
 #: A2C-style updates measured: at least one per this many collected samples (a pass costs the same for 5 samples
 #: as for 250: its operations' dispatch); PPO-style updates (a whole epoch loop) are all measured
 MEASURED_SAMPLES = 256
@@ -45,6 +41,16 @@ UNUSUAL_STEP = 16.0
 #: Recent updates the median is taken over, and the updates measured before screening starts
 SCREENING_WINDOW = 32
 SCREENING_WARM_UP = 8
+
+
+def _check_bounds(lr_bounds: Any) -> tuple[float, float]:
+    try:
+        low, high = (float(bound) for bound in lr_bounds)
+    except (TypeError, ValueError):
+        raise ValueError(f"lr_bounds must be a pair (lowest, highest) of floats, got {lr_bounds!r}") from None
+    if not 0.0 < low <= high < math.inf:
+        raise ValueError(f"lr_bounds=(lowest, highest) needs 0 < lowest <= highest < inf, got {lr_bounds!r}")
+    return low, high
 
 
 def _check_positive(name: str, value: float, above: float = 0.0) -> float:
@@ -80,10 +86,12 @@ class KLTargets:
 
     :param target_kl: mean KL per update aimed at
     :param undo_above: an update whose KL exceeds this multiple of ``target_kl`` is undone and redone
+    :param highest_learning_rate: the default upper bound of the learning rate
     """
 
     target_kl: float
     undo_above: float
+    highest_learning_rate: float
 
 
 #: No change of the learning rate while the KL is within this factor of the target
@@ -92,8 +100,11 @@ DEFAULT_TOLERANCE = 3.0
 #: differs by task (``benchmarks/results/adaptive_lr.md``): Pendulum-v1 0.035, Acrobot-v1 0.007, CartPole-v1 0.003.
 #: 0.015 with the default tolerance 3 (no change within [0.005, 0.045]) leaves the first two alone and raises
 #: CartPole's once; above 6x (0.09) lies none of Pendulum's tuned updates (99th percentile 0.07), where 4x 0.015
-#: would redo about one in ten
-PPO_STYLE = KLTargets(target_kl=0.015, undo_above=6.0)
+#: would redo about one in ten. Upper bound 3e-3, not the anchors' 1e-2: three times the highest tuned rate of rl-zoo's
+#: PPO and RecurrentPPO entries (1e-3); stock PPO learned at about 3e-3 on the robustness map and failed in 3 to 6 of
+#: 6 runs at 9e-3 to 1e-2 (Pendulum-v1, Acrobot-v1), where on Acrobot-v1 the clipping holds the KL in range
+#: (``critic.md``), so the KL cannot lower such a rate; with 3e-3 the map's Acrobot-v1 IQM rose from 0.78 to 0.97
+PPO_STYLE = KLTargets(target_kl=0.015, undo_above=6.0, highest_learning_rate=3e-3)
 #: A2C-style algorithms (one gradient step per update of a few steps): tuned A2C updates have a mean KL of 6e-4-1e-3
 #: on CartPole-v1 and 3.6e-4 on Acrobot-v1, heavy-tailed (CartPole-v1: median 1.1e-4, 99th percentile 1.7e-2). The
 #: target is above those: aimed at the tuned KL (1e-3), the learning rate wandered below the tuned one on CartPole-v1
@@ -101,8 +112,10 @@ PPO_STYLE = KLTargets(target_kl=0.015, undo_above=6.0)
 #: tuned rate (robustness map: 500 in 6 of 6 runs). 3e-3 (no change within [1e-3, 9e-3]) keeps it higher: on the
 #: map IQM 0.98 vs 0.76, 9 vs 2 of 16 cells; the window's median instead of its mean (0.62, 0.70 on a slice) or a
 #: higher undo bound alone (0.66) did not help. At the tuned rate and 50k steps it still costs (CartPole-v1, 13
-#: seeds: mean 219 vs stock 387; 283 with 1e-3, ``learning.md``). Undone above 30x (9e-2)
-ONE_STEP = KLTargets(target_kl=3e-3, undo_above=30.0)
+#: seeds: mean 219 vs stock 387; 283 with 1e-3, ``learning.md``). Undone above 30x (9e-2). Upper bound the anchors'
+#: 1e-2: A2C's redos catch its steps (the KL of one step sees a rate too high), and 3e-3 measured worse on CartPole-v1
+#: (ent_coef 0.1, x0.1-x1, 3 seeds, one machine: mean 231 vs 345)
+ONE_STEP = KLTargets(target_kl=3e-3, undo_above=30.0, highest_learning_rate=1e-2)
 
 
 class KLAdaptiveLRCallback(BaseCallback):
@@ -135,8 +148,8 @@ class KLAdaptiveLRCallback(BaseCallback):
     square of the learning rate for small updates, so one step lands near the target where the anchors' fixed 1.5
     needs many; undoing an update far above the target, because one update at a learning rate 100 times too high
     can move the policy so far (a KL of 15 on Pendulum-v1; a softmax saturated for good on CartPole-v1) that no
-    later learning rate brings it back; absolute bounds (:data:`DEFAULT_LR_BOUNDS`, the upper one below the
-    anchors': where PPO's clipping holds the KL in range, a rate too high for the critic is not seen by the KL),
+    later learning rate brings it back; absolute bounds (PPO-style: the upper one below the anchors', since where
+    PPO's clipping holds the KL in range a rate too high for the critic is not seen by the KL),
     which also catch a configured learning rate far too high before its first update. The defaults per kind of
     algorithm (:data:`PPO_STYLE`, :data:`ONE_STEP`) come from the tuned settings' own KLs, so that at a sound
     learning rate the callback changes little; A2C's sits above them (its learning rate drifted below the tuned one
@@ -160,7 +173,8 @@ class KLAdaptiveLRCallback(BaseCallback):
     :param trust_region: False: never undo an update (adapt only)
     :param max_redos: redos per update at most
     :param window_steps: least number of environment steps between two decisions on the learning rate
-    :param lr_bounds: ``(lowest, highest)`` learning rate
+    :param lr_bounds: ``(lowest, highest)`` learning rate; None: ``(1e-5, 3e-3)`` (:data:`PPO_STYLE`), ``(1e-5, 1e-2)``
+        for A2C and SafeA2C (:data:`ONE_STEP`)
     :param verbose: 1: print each redo
     """
 
@@ -173,7 +187,7 @@ class KLAdaptiveLRCallback(BaseCallback):
         trust_region: bool = True,
         max_redos: int = 3,
         window_steps: int = 2048,
-        lr_bounds: tuple[float, float] = DEFAULT_LR_BOUNDS,
+        lr_bounds: tuple[float, float] | None = None,
         verbose: int = 0,
     ) -> None:
         super().__init__(verbose)
@@ -187,13 +201,9 @@ class KLAdaptiveLRCallback(BaseCallback):
                 raise ValueError(f"{name} must be an int >= {least}, got {value!r}")
         self.max_redos = max_redos
         self.window_steps = window_steps
-        try:
-            low, high = (float(bound) for bound in lr_bounds)
-        except (TypeError, ValueError):
-            raise ValueError(f"lr_bounds must be a pair (lowest, highest) of floats, got {lr_bounds!r}") from None
-        if not 0.0 < low <= high < math.inf:
-            raise ValueError(f"lr_bounds=(lowest, highest) needs 0 < lowest <= highest < inf, got {lr_bounds!r}")
-        self.lr_bounds = (low, high)
+        self.lr_bounds = None if lr_bounds is None else _check_bounds(lr_bounds)
+        #: the bounds in use in this learn(), the kind's default resolved
+        self.bounds = (LOWEST_LEARNING_RATE, PPO_STYLE.highest_learning_rate)
         #: the settings in use in this learn(), defaults resolved for the algorithm
         self.targets = PPO_STYLE
         #: updates undone and redone in this learn()
@@ -227,7 +237,9 @@ class KLAdaptiveLRCallback(BaseCallback):
         self.targets = KLTargets(
             target_kl=default_target if self.target_kl is None else self.target_kl,
             undo_above=defaults.undo_above if self.undo_above is None else self.undo_above,
+            highest_learning_rate=defaults.highest_learning_rate,
         )
+        self.bounds = (LOWEST_LEARNING_RATE, defaults.highest_learning_rate) if self.lr_bounds is None else self.lr_bounds
         self.redone_updates = 0
         self.history, self.decisions, self._window = [], [], []
         self._window_start = model.num_timesteps
@@ -287,9 +299,9 @@ class KLAdaptiveLRCallback(BaseCallback):
     # ----- one update -----
 
     def _scale_learning_rate(self, factor: float) -> None:
-        """Multiply the learning rate by ``factor``, keeping it inside ``lr_bounds``."""
+        """Multiply the learning rate by ``factor``, keeping it inside the bounds."""
         learning_rate = current_learning_rate(self.model)
-        low, high = self.lr_bounds
+        low, high = self.bounds
         if learning_rate > 0.0:
             factor = min(max(factor, low / learning_rate), high / learning_rate)
         if factor != 1.0:
