@@ -52,7 +52,7 @@ def test_step_meets_the_target_where_kl_grows_like_lr_squared() -> None:
         # KLAdaptivePPO's penalty and the learning rate aim at one target
         (
             lambda: KLAdaptivePPO("MlpPolicy", "CartPole-v1", n_steps=16, batch_size=16, adaptive_kl_target=0.02),
-            KLTargets(target_kl=0.02, undo_above=PPO_STYLE.undo_above, highest_learning_rate=3e-3),
+            KLTargets(target_kl=0.02, undo_above=PPO_STYLE.undo_above, highest_learning_rate=PPO_STYLE.highest_learning_rate),
         ),
     ],
 )
