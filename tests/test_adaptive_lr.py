@@ -291,7 +291,8 @@ def test_lr_x100_on_pendulum_ends_finite_and_learning() -> None:
 def test_adaptive_lr_option_adapts_every_learn_and_is_saved(algo: type, tmp_path: Any) -> None:
     kwargs = dict(n_steps=16, batch_size=16) if algo is KLAdaptivePPO else dict(n_steps=8)
     settings = dict(target_kl=0.5, window_steps=8)  # far above these updates' KL: raised at every decision
-    model = algo("MlpPolicy", "CartPole-v1", learning_rate=1e-4, adaptive_lr=settings, seed=0, **kwargs)
+    # from the lowest rate, so that the first learn's raises (x2 per decision) stay under the upper bound
+    model = algo("MlpPolicy", "CartPole-v1", learning_rate=LOWEST_LEARNING_RATE, adaptive_lr=settings, seed=0, **kwargs)
     model.learn(64)
     first = learning_rate_scale(model)
     assert first > 1.0
