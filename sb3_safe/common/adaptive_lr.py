@@ -105,7 +105,8 @@ DEFAULT_TOLERANCE = 3.0
 #: rate too high for the critic (Acrobot-v1, ``critic.md``): stock PPO failed in 3 to 6 of 6 runs at 9e-3 to 1e-2 on
 #: the robustness map, and with 3e-3 as the bound the map's Acrobot-v1 runs that started at it ended at cell means
 #: -262 to -317 (90 % of tuned: -125); at 1e-3 -87 to -130. Pendulum-v1, RecurrentPPO and MaskablePPO, whose tuned
-#: rate is 1e-3, start at their tuned rate from there (``robustness.md``, one machine, 3 seeds per cell)
+#: rate is 1e-3, start at their tuned rate from there; the price is speed where a higher rate learns (RecurrentPPO's
+#: IQM 1.58 at 3e-3, 0.98 at 1e-3; ``robustness.md``, one machine, 3 seeds per cell)
 PPO_STYLE = KLTargets(target_kl=0.015, undo_above=6.0, highest_learning_rate=1e-3)
 #: A2C-style algorithms (one gradient step per update of a few steps): tuned A2C updates have a mean KL of 6e-4-1e-3
 #: on CartPole-v1 and 3.6e-4 on Acrobot-v1, heavy-tailed (CartPole-v1: median 1.1e-4, 99th percentile 1.7e-2). The
