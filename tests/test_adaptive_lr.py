@@ -52,7 +52,12 @@ def test_step_meets_the_target_where_kl_grows_like_lr_squared() -> None:
         # KLAdaptivePPO's penalty and the learning rate aim at one target
         (
             lambda: KLAdaptivePPO("MlpPolicy", "CartPole-v1", n_steps=16, batch_size=16, adaptive_kl_target=0.02),
-            KLTargets(target_kl=0.02, undo_above=PPO_STYLE.undo_above, highest_learning_rate=PPO_STYLE.highest_learning_rate),
+            KLTargets(
+                target_kl=0.02,
+                undo_above=PPO_STYLE.undo_above,
+                highest_learning_rate=PPO_STYLE.highest_learning_rate,
+                raise_after=PPO_STYLE.raise_after,
+            ),
         ),
     ],
 )
@@ -62,9 +67,11 @@ def test_defaults_follow_the_kind_of_algorithm_and_given_values_win(make: Any, e
     model.learn(16, callback=callback)
     assert callback.targets == expected
     assert callback.bounds == (LOWEST_LEARNING_RATE, expected.highest_learning_rate)
-    given = KLAdaptiveLRCallback(target_kl=0.5, undo_above=2.0, lr_bounds=(1e-4, 0.1))
+    given = KLAdaptiveLRCallback(target_kl=0.5, undo_above=2.0, raise_after=3, lr_bounds=(1e-4, 0.1))
     make().learn(16, callback=given)
-    assert given.targets == KLTargets(target_kl=0.5, undo_above=2.0, highest_learning_rate=expected.highest_learning_rate)
+    assert given.targets == KLTargets(
+        target_kl=0.5, undo_above=2.0, highest_learning_rate=expected.highest_learning_rate, raise_after=3
+    )
     assert given.bounds == (1e-4, 0.1)
 
 
@@ -78,6 +85,8 @@ def test_defaults_follow_the_kind_of_algorithm_and_given_values_win(make: Any, e
         (dict(undo_above=True), "undo_above"),
         (dict(max_redos=-1), "max_redos"),
         (dict(window_steps=0), "window_steps"),
+        (dict(raise_after=0), "raise_after"),
+        (dict(raise_after=1.5), "raise_after"),
         (dict(lr_bounds=(1e-2, 1e-5)), "lr_bounds"),
         (dict(lr_bounds=(0.0, 1e-2)), "lr_bounds"),
         (dict(lr_bounds="small"), "lr_bounds"),
@@ -218,6 +227,21 @@ def test_learning_rate_far_too_high_starts_at_the_upper_bound_and_overshooting_u
     assert callback.redone_updates > 0
     assert learning_rates[-1] < learning_rates[0]
     assert all(math.isfinite(kl) for kl in kls) and all(th.isfinite(p).all() for p in model.policy.parameters())
+
+
+@pytest.mark.parametrize("raise_after", [1, 2, 3])
+def test_a_raise_waits_for_raise_after_decisions_in_a_row_below_the_band(raise_after: int) -> None:
+    model = PPO("MlpPolicy", "CartPole-v1", n_steps=16, batch_size=16, learning_rate=LOWEST_LEARNING_RATE, seed=0)
+    callback = KLAdaptiveLRCallback(target_kl=0.5, raise_after=raise_after, window_steps=16)  # every KL far below
+    model.learn(16 * 6, callback=callback)
+    factors = [factor for _, factor in callback.decisions]
+    assert len(factors) == 6
+    assert factors[: raise_after - 1] == [1.0] * (raise_after - 1) and all(f > 1.0 for f in factors[raise_after - 1 :])
+    # each raise steps by the highest KL of its run of low decisions (the smallest factor)
+    kls = [kl for kl, _ in callback.decisions]
+    for i in range(raise_after - 1, 6):
+        highest = max(kls[i - raise_after + 1 : i + 1])
+        assert factors[i] == pytest.approx(learning_rate_factor(highest, 0.5, callback.tolerance, callback.max_step))
 
 
 def test_a_redone_update_is_the_kept_one_and_the_next_rollout_is_collected_normally() -> None:
