@@ -163,7 +163,9 @@ class KLAdaptiveLRCallback(BaseCallback):
     can move the policy so far (a KL of 15 on Pendulum-v1; a softmax saturated for good on CartPole-v1) that no
     later learning rate brings it back; absolute bounds (PPO-style: the upper one below the anchors', since where
     PPO's clipping holds the KL in range a rate too high for the critic is not seen by the KL),
-    which also catch a configured learning rate far too high before its first update. The defaults per kind of
+    which also catch a configured learning rate far too high before its first update; a raise only on evidence
+    (PPO-style: two updates in a row below the band), because where the clipping holds the KL in the band nothing
+    takes a raise on one noisy reading back, and the rate ratchets up to the bound. The defaults per kind of
     algorithm (:data:`PPO_STYLE`, :data:`ONE_STEP`) come from the tuned settings' own KLs, so that at a sound
     learning rate the callback changes little; A2C's sits above them (its learning rate drifted below the tuned one
     on the KLs' heavy tail).
