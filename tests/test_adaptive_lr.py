@@ -57,6 +57,7 @@ def test_step_meets_the_target_where_kl_grows_like_lr_squared() -> None:
                 undo_above=PPO_STYLE.undo_above,
                 highest_learning_rate=PPO_STYLE.highest_learning_rate,
                 raise_after=PPO_STYLE.raise_after,
+                keep_redo_rate=PPO_STYLE.keep_redo_rate,
             ),
         ),
     ],
@@ -70,7 +71,11 @@ def test_defaults_follow_the_kind_of_algorithm_and_given_values_win(make: Any, e
     given = KLAdaptiveLRCallback(target_kl=0.5, undo_above=2.0, raise_after=3, lr_bounds=(1e-4, 0.1))
     make().learn(16, callback=given)
     assert given.targets == KLTargets(
-        target_kl=0.5, undo_above=2.0, highest_learning_rate=expected.highest_learning_rate, raise_after=3
+        target_kl=0.5,
+        undo_above=2.0,
+        highest_learning_rate=expected.highest_learning_rate,
+        raise_after=3,
+        keep_redo_rate=expected.keep_redo_rate,
     )
     assert given.bounds == (1e-4, 0.1)
 
@@ -252,6 +257,34 @@ def test_a_redone_update_is_the_kept_one_and_the_next_rollout_is_collected_norma
     assert model.num_timesteps == 160 and model._n_updates == 10  # an undone update is not counted
     buffer = model.rollout_buffer
     assert buffer.full and np.isfinite(buffer.returns).all()
+
+
+@pytest.mark.parametrize("algorithm", [A2C, PPO])
+def test_a_redo_cut_holds_for_the_next_updates_only_where_the_kind_keeps_it(algorithm: type[BaseAlgorithm]) -> None:
+    batch_size = dict(batch_size=16) if algorithm is PPO else {}
+    model = algorithm("MlpPolicy", "CartPole-v1", n_steps=16, learning_rate=5e-3, seed=0, **batch_size)
+    # updates overshoot 2 x 1e-5 and are redone once; no decision on a window
+    callback = KLAdaptiveLRCallback(target_kl=1e-5, undo_above=2.0, max_redos=1, window_steps=10**9)
+    starts: list[float] = []
+
+    class RateAtRolloutEnd(BaseCallback):
+        def _on_step(self) -> bool:
+            return True
+
+        def _on_rollout_end(self) -> None:
+            starts.append(current_learning_rate(self.model))
+
+    model.learn(16 * 5, callback=[callback, RateAtRolloutEnd()])
+    kept = [learning_rate for _, learning_rate in callback.history]
+    assert len(kept) == len(starts) == 5 and callback.redone_updates >= 2
+    keeps = callback.targets.keep_redo_rate
+    assert keeps is (algorithm is PPO)
+    for start, used, next_start in zip(starts, kept, starts[1:], strict=False):
+        if used == start:  # not redone (or at the lower bound already): no change
+            assert next_start == start
+            continue
+        assert used <= start * 0.5 * (1 + 1e-9)  # the redo's cut: by 2 at least
+        assert next_start == pytest.approx(used if keeps else start / callback.max_step)
 
 
 def test_learning_rate_scale_is_saved_with_the_model(tmp_path: Any) -> None:
