@@ -1,6 +1,7 @@
 """KLAdaptiveLRCallback: the rule, the rollout KL it adapts on, the trust region, and how it composes with the guard."""
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -147,6 +148,21 @@ class RecordKL(BaseCallback):
             self.values.append(value)
 
 
+class AtRolloutEnd(BaseCallback):
+    """``measure(model)`` at each rollout end, before the update."""
+
+    def __init__(self, measure: Callable[[BaseAlgorithm], float]) -> None:
+        super().__init__()
+        self.measure = measure
+        self.values: list[float] = []
+
+    def _on_step(self) -> bool:
+        return True
+
+    def _on_rollout_end(self) -> None:
+        self.values.append(self.measure(self.model))
+
+
 def models_at_zero_learning_rate() -> dict[str, BaseAlgorithm]:
     small = dict(net_arch=[16])
     return {
@@ -265,16 +281,9 @@ def test_a_redo_cut_holds_for_the_next_updates_only_where_the_kind_keeps_it(algo
     model = algorithm("MlpPolicy", "CartPole-v1", n_steps=16, learning_rate=5e-3, seed=0, **batch_size)
     # updates overshoot 2 x 1e-5 and are redone once; no decision on a window
     callback = KLAdaptiveLRCallback(target_kl=1e-5, undo_above=2.0, max_redos=1, window_steps=10**9)
-    starts: list[float] = []
-
-    class RateAtRolloutEnd(BaseCallback):
-        def _on_step(self) -> bool:
-            return True
-
-        def _on_rollout_end(self) -> None:
-            starts.append(current_learning_rate(self.model))
-
-    model.learn(16 * 5, callback=[callback, RateAtRolloutEnd()])
+    rates = AtRolloutEnd(current_learning_rate)
+    model.learn(16 * 5, callback=[callback, rates])
+    starts = rates.values
     kept = [learning_rate for _, learning_rate in callback.history]
     assert len(kept) == len(starts) == 5 and callback.redone_updates >= 2
     keeps = callback.targets.keep_redo_rate
@@ -302,18 +311,11 @@ def test_a_guard_rollback_restores_at_most_the_healthy_learning_rate_then_lowers
     model = PPO("MlpPolicy", "CartPole-v1", n_steps=32, batch_size=32, learning_rate=1e-5, seed=0)
     adaptive = KLAdaptiveLRCallback(target_kl=0.05, window_steps=32)
     guard = NonFiniteGuardCallback(on_nonfinite="rollback", lr_decay=0.5)
-    scales: list[float] = []
-
-    class ScaleAtRolloutEnd(BaseCallback):
-        def _on_step(self) -> bool:
-            return True
-
-        def _on_rollout_end(self) -> None:
-            scales.append(learning_rate_scale(self.model))
-
+    scales_at = AtRolloutEnd(learning_rate_scale)
     # 10 epochs x 1 minibatch per update: the 45th optimizer step is in the 5th update
     NaNAfterOptimizerStep(model.policy.optimizer, at=45, weight=model.policy.action_net.weight)
-    model.learn(32 * 8, callback=[ScaleAtRolloutEnd(), guard, adaptive])
+    model.learn(32 * 8, callback=[scales_at, guard, adaptive])
+    scales = scales_at.values
     assert guard.n_rollbacks == 1
     # The guard's snapshot is from the start of the failed update: the scale it had then, halved; the adaptation
     # after that update starts from there
