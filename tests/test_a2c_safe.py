@@ -25,12 +25,11 @@ from stable_baselines3.common.torch_layers import NatureCNN
 from stable_baselines3.common.vec_env import SubprocVecEnv, VecFrameStack
 
 from sb3_safe import SafeA2C
-from sb3_safe.common.distributions import SafeCategoricalDistribution, min_action_probability
+from sb3_safe.common.distributions import DEFAULT_LOGIT_BOUND, SafeCategoricalDistribution, min_action_probability
 from sb3_safe.common.policies import SafeActorCriticPolicy, SafeCnnPolicy, SafeMultiInputPolicy
 
 gym.register_envs(ale_py)
 
-DEFAULT_LOGIT_BOUND = 10.0
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
@@ -158,7 +157,7 @@ def test_safe_categorical_property(logits: np.ndarray, logit_bound: float) -> No
 @settings(max_examples=100, deadline=None)
 @given(logits=finite_logits)
 def test_safe_categorical_default_bound_probabilities(logits: np.ndarray) -> None:
-    """With the default bound the minimum (2e-9 for two actions) is a float32 number, so probabilities reach it."""
+    """With the default bound the minimum (4e-18 for two actions) is a float32 number, so probabilities reach it."""
     dist = SafeCategoricalDistribution(logits.shape[1]).proba_distribution(th.as_tensor(logits))
     assert_valid_probabilities(dist.distribution.probs, n_actions=logits.shape[1])
 

@@ -11,6 +11,7 @@ from hypothesis.extra.numpy import arrays
 
 from sb3_safe import NonFiniteError
 from sb3_safe.common.distributions import (
+    DEFAULT_LOGIT_BOUND,
     INNER_LIMIT,
     PRESQUASH_BOUND,
     TANH_BOUND,
@@ -225,12 +226,28 @@ def test_min_action_probability_is_attained():
 
 
 def test_default_logit_bound_barely_changes_typical_logits():
-    """For |logits| <= 3 (CartPole's range) the default bound moves no probability by more than 0.02."""
+    """For |logits| <= 3 (CartPole's range) the default bound moves no probability by more than 0.005."""
     logits = th.linspace(-3, 3, 7).reshape(1, 7)
     safe = SafeCategoricalDistribution(7).proba_distribution(logits).distribution.probs
     plain = th.softmax(logits, dim=-1)
-    assert th.allclose(safe, plain, atol=0.02)
+    assert th.allclose(safe, plain, atol=0.005)
     assert not th.allclose(safe, plain, atol=1e-3)  # the bound is active, not a no-op
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(2, 18), arrays(np.float32, (2, 18 * BATCH), elements=network_output))
+def test_default_logit_bound_keeps_probability_ratios_finite(n_actions, logit_values):
+    """At the default bound, exp(log p_new - log p_old) of any action is finite in float32 for any two finite logits."""
+    old, new = (
+        SafeCategoricalDistribution(n_actions).proba_distribution(
+            th.tensor(values[: n_actions * BATCH]).reshape(BATCH, n_actions)
+        )
+        for values in logit_values
+    )
+    every_action = th.arange(n_actions).repeat_interleave(BATCH).reshape(n_actions, BATCH)
+    log_ratio = new.distribution.log_prob(every_action) - old.distribution.log_prob(every_action)
+    assert log_ratio.abs().max().item() <= 2 * DEFAULT_LOGIT_BOUND + math.log(n_actions) + 1e-3
+    assert bool(th.isfinite(th.exp(log_ratio)).all())
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
