@@ -33,7 +33,7 @@ from sb3_safe import (
     SafeMaskableMlpPolicy,
     SafeMaskableMultiInputPolicy,
 )
-from sb3_safe.common.distributions import SafeCategoricalDistribution, min_action_probability
+from sb3_safe.common.distributions import DEFAULT_LOGIT_BOUND, SafeCategoricalDistribution, min_action_probability
 from sb3_safe.common.maskable.distributions import (
     SafeMaskableBernoulliDistribution,
     SafeMaskableCategoricalDistribution,
@@ -150,12 +150,14 @@ def test_ten_thousand_actions_with_random_masks():
     masks = np.random.default_rng(1).random((2, n_actions)) < 0.5
     dist = SafeMaskableCategoricalDistribution(n_actions).proba_distribution(logits)
     dist.apply_masking(masks)
-    assert_masked_categoricals_are_safe(dist, logits, masks, [n_actions], 10.0)
+    assert_masked_categoricals_are_safe(dist, logits, masks, [n_actions], DEFAULT_LOGIT_BOUND)
     probs = dist.distribution.probs
     # The default bound keeps the minimum well inside float32 for 10,000 actions
     for row in range(2):
         n_valid = int(masks[row].sum())
-        assert probs[row][th.as_tensor(masks[row])].min().item() >= min_action_probability(n_valid, 10.0) * (1 - 1e-4)
+        assert probs[row][th.as_tensor(masks[row])].min().item() >= min_action_probability(n_valid, DEFAULT_LOGIT_BOUND) * (
+            1 - 1e-4
+        )
     assert th.allclose(probs.sum(dim=1), th.ones(2))
 
 
@@ -166,7 +168,7 @@ def test_single_valid_action_is_certain():
     masks[0, 17], masks[1, n_actions - 1] = True, True
     dist = SafeMaskableCategoricalDistribution(n_actions).proba_distribution(logits)
     dist.apply_masking(masks)
-    assert_masked_categoricals_are_safe(dist, logits, masks, [n_actions], 10.0)
+    assert_masked_categoricals_are_safe(dist, logits, masks, [n_actions], DEFAULT_LOGIT_BOUND)
     expected = th.tensor([17, n_actions - 1])
     assert th.equal(dist.distribution.probs[th.arange(2), expected], th.ones(2))
     assert th.equal(dist.sample(), expected) and th.equal(dist.mode(), expected)
