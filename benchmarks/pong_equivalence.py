@@ -9,7 +9,7 @@ frames, CnnPolicy, 16 envs, n_steps 5, ent_coef 0.01, vf_coef 0.25, RMSpropTFLik
    updates; every policy parameter and every optimizer state tensor is compared bit for bit (``torch.equal``),
    after every update. Identical parameters after each update also mean identical sampled actions, so the two
    runs are the same run.
-2. **Headroom of the default bound.** ``SafeA2C`` with the default ``logit_bound`` (10) trains ``--steps`` steps.
+2. **Headroom of the default bound.** ``SafeA2C`` with the default ``logit_bound`` (20) trains ``--steps`` steps.
    Before every update, on that rollout's observations, the raw logits ``z`` (before the bound) and the bounded
    ones ``c * tanh(z / c)`` are compared: the largest ``|z|`` (also logged by SafeA2C as ``train/logit_max``),
    the largest change of a log-probability and the largest total-variation distance between the two action
@@ -184,6 +184,7 @@ def report(out: Path, command: str, first: dict[str, Any], second: dict[str, Any
     """``pong_equivalence.md``: what was compared, the numbers, the reasoning and its limits."""
     meta = suite.machine_info()
     difference = first["first_difference"]
+    bound = float(second["bound"])
     lines = [
         "# A2C on Pong by equivalence: SafeA2C vs stock A2C with rl-zoo's Atari configuration",
         "",
@@ -205,10 +206,10 @@ def report(out: Path, command: str, first: dict[str, Any], second: dict[str, Any
             f" {difference['max_abs_diff']:.3g})."
         ),
         "",
-        "## 2. Default bound (10): how far the logits stay below it",
+        f"## 2. Default bound ({bound:g}): how far the logits stay below it",
         "",
         f"SafeA2C with `logit_bound={second['bound']:g}`, {second['steps']:,} steps ({second['updates']} updates)."
-        " Per update, on the rollout's observations, raw logits z vs bounded ones 10 tanh(z / 10):",
+        f" Per update, on the rollout's observations, raw logits z vs bounded ones {bound:g} tanh(z / {bound:g}):",
         "",
         *reports.table(
             ["quantity", "worst over all updates"],
@@ -220,7 +221,7 @@ def report(out: Path, command: str, first: dict[str, Any], second: dict[str, Any
                 ],
                 ["largest change of a log-probability", f"{second['log_prob_change_max']:.2e}"],
                 ["largest total-variation distance between the policies", f"{second['total_variation_max']:.2e}"],
-                ["smallest gradient factor 1 - tanh(z/10)^2", f"{second['gradient_factor_min']:.6f}"],
+                [f"smallest gradient factor 1 - tanh(z/{bound:g})^2", f"{second['gradient_factor_min']:.6f}"],
                 ["skipped updates", second["skipped_updates"]],
             ],
         ),
@@ -234,8 +235,8 @@ def report(out: Path, command: str, first: dict[str, Any], second: dict[str, Any
         f" parameters) differ by at most {second['total_variation_max']:.1e} in total variation and"
         f" {second['log_prob_change_max']:.1e} in any log-probability, and a logit's gradient is scaled by a factor in"
         f" [{second['gradient_factor_min']:.4f}, 1]. This follows from the largest logit alone: for abs(z) <= m the"
-        f" map moves a logit by at most m - 10 tanh(m / 10) ~ m^3 / 300 and a log-probability by at most twice that"
-        f" ({2 * (second['logit_max'] - 10 * math.tanh(second['logit_max'] / 10)):.1e} at m ="
+        f" map moves a logit by at most m - {bound:g} tanh(m / {bound:g}) ~ m^3 / {3 * bound**2:g} and a log-probability by"
+        f" at most twice that ({2 * (second['logit_max'] - bound * math.tanh(second['logit_max'] / bound)):.1e} at m ="
         f" {second['logit_max']:.2f}), so any run whose logged `train/logit_max` stays below m has the same bound.",
         "- Limits: one seed, the first"
         f" {second['steps']:,} of rl-zoo's 10M steps; logits may grow later in training (compare the first and last"
