@@ -9,7 +9,7 @@ frames, CnnPolicy, 16 envs, n_steps 5, ent_coef 0.01, vf_coef 0.25, RMSpropTFLik
    updates; every policy parameter and every optimizer state tensor is compared bit for bit (``torch.equal``),
    after every update. Identical parameters after each update also mean identical sampled actions, so the two
    runs are the same run.
-2. **Headroom of the default bound.** ``SafeA2C`` with the default ``logit_bound`` (20) trains ``--steps`` steps.
+2. **Headroom of the default bound.** ``SafeA2C`` with the default ``logit_bound`` (10) trains ``--steps`` steps.
    Before every update, on that rollout's observations, the raw logits ``z`` (before the bound) and the bounded
    ones ``c * tanh(z / c)`` are compared: the largest ``|z|`` (also logged by SafeA2C as ``train/logit_max``),
    the largest change of a log-probability and the largest total-variation distance between the two action

@@ -157,7 +157,7 @@ def test_safe_categorical_property(logits: np.ndarray, logit_bound: float) -> No
 @settings(max_examples=100, deadline=None)
 @given(logits=finite_logits)
 def test_safe_categorical_default_bound_probabilities(logits: np.ndarray) -> None:
-    """With the default bound the minimum (4e-18 for two actions) is a float32 number, so probabilities reach it."""
+    """With the default bound the minimum (2e-9 for two actions) is a float32 number, so probabilities reach it."""
     dist = SafeCategoricalDistribution(logits.shape[1]).proba_distribution(th.as_tensor(logits))
     assert_valid_probabilities(dist.distribution.probs, n_actions=logits.shape[1])
 

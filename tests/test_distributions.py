@@ -226,11 +226,11 @@ def test_min_action_probability_is_attained():
 
 
 def test_default_logit_bound_barely_changes_typical_logits():
-    """For |logits| <= 3 (CartPole's range) the default bound moves no probability by more than 0.005."""
+    """For |logits| <= 3 (CartPole's range) the default bound moves no probability by more than 0.02."""
     logits = th.linspace(-3, 3, 7).reshape(1, 7)
     safe = SafeCategoricalDistribution(7).proba_distribution(logits).distribution.probs
     plain = th.softmax(logits, dim=-1)
-    assert th.allclose(safe, plain, atol=0.005)
+    assert th.allclose(safe, plain, atol=0.02)
     assert not th.allclose(safe, plain, atol=1e-3)  # the bound is active, not a no-op
 
 

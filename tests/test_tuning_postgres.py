@@ -233,7 +233,7 @@ def test_two_workers_fill_one_study_then_train_a_trial(postgres_url: str, tmp_pa
     for trial in trials:
         assert {key: trial.params[key] for key in SMALL_TRIAL} == SMALL_TRIAL
         assert 0.003 <= trial.params["adaptive_kl_target"] <= 0.03
-        assert 5.0 <= trial.params["logit_bound"] <= 40.0  # CartPole: discrete actions
+        assert 2.0 <= trial.params["logit_bound"] <= 20.0  # CartPole: discrete actions
         assert trial.value is not None and trial.value > 0
 
     # Trial 0 (which rl_zoo3 alone would skip): its values, not the configuration's (n_steps 32, 20 epochs ...)

@@ -249,7 +249,7 @@ def test_sampler_extends_rl_zoo3_and_builds_the_algorithm(
         assert -20.0 <= low <= -2.0 and 0.0 <= high <= 2.0
         assert "logit_bound" not in policy_kwargs and "logit_bound" not in raw
     else:
-        assert 5.0 <= policy_kwargs["logit_bound"] <= 40.0
+        assert 2.0 <= policy_kwargs["logit_bound"] <= 20.0
         assert "log_std_range" not in policy_kwargs and "log_std_min" not in raw
     if algo == "kl_ppo":
         assert 0.003 <= hyperparams["adaptive_kl_target"] <= 0.03

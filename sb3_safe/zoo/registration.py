@@ -61,7 +61,7 @@ def _sample_policy_bounds(trial: optuna.Trial, n_actions: int) -> dict[str, floa
             "log_std_min": trial.suggest_float("log_std_min", -20.0, -2.0),
             "log_std_max": trial.suggest_float("log_std_max", 0.0, 2.0),
         }
-    return {"logit_bound": trial.suggest_float("logit_bound", 5.0, 40.0, log=True)}
+    return {"logit_bound": trial.suggest_float("logit_bound", 2.0, 20.0, log=True)}
 
 
 #: The range the adaptive learning rate's target is sampled from, a decade each way around its default: kl_ppo.yml's
