@@ -208,7 +208,7 @@ def report(out: Path, command: str, first: dict[str, Any], second: dict[str, Any
         "",
         f"## 2. Default bound ({bound:g}): how far the logits stay below it",
         "",
-        f"SafeA2C with `logit_bound={second['bound']:g}`, {second['steps']:,} steps ({second['updates']} updates)."
+        f"SafeA2C with `logit_bound={bound:g}`, {second['steps']:,} steps ({second['updates']} updates)."
         f" Per update, on the rollout's observations, raw logits z vs bounded ones {bound:g} tanh(z / {bound:g}):",
         "",
         *reports.table(
