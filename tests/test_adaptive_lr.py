@@ -18,7 +18,16 @@ from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.evaluation import evaluate_policy
 
 from sb3_safe import KLAdaptiveLRCallback, KLAdaptivePPO, NonFiniteGuardCallback, SafeA2C, SafeMlpPolicy
-from sb3_safe.common.adaptive_lr import LOWEST_LEARNING_RATE, ONE_STEP, PPO_STYLE, KLTargets, learning_rate_factor
+from sb3_safe.common.adaptive_lr import (
+    LOWEST_LEARNING_RATE,
+    MEASURED_FIRST,
+    MEASURED_SAMPLES,
+    ONE_STEP,
+    PPO_STYLE,
+    KLTargets,
+    learning_rate_factor,
+)
+from sb3_safe.common.guard.snapshot import SnapshotStore
 from sb3_safe.common.schedules import ScaledSchedule, current_learning_rate, learning_rate_scale
 
 
@@ -273,6 +282,58 @@ def test_a_redone_update_is_the_kept_one_and_the_next_rollout_is_collected_norma
     assert model.num_timesteps == 160 and model._n_updates == 10  # an undone update is not counted
     buffer = model.rollout_buffer
     assert buffer.full and np.isfinite(buffer.returns).all()
+
+
+def test_a2c_style_updates_are_measured_on_schedule_and_first_ones() -> None:
+    """Rollouts of 8 samples: one update in MEASURED_SAMPLES / 8 is measured, and the first MEASURED_FIRST updates the
+    callback sees of a model; a learn() that continues the model continues the schedule."""
+    model = A2C("MlpPolicy", "CartPole-v1", n_steps=8, seed=0)
+    callback = KLAdaptiveLRCallback(trust_region=False)
+    every = MEASURED_SAMPLES // 8
+    model.learn(8 * (2 * every + 1), callback=callback)  # updates 0 to 2 x every
+    assert len(callback.history) == MEASURED_FIRST + 2  # 0 to 7, every, 2 x every
+    model.learn(8 * 2 * every, callback=callback, reset_num_timesteps=False)  # updates 2 x every + 1 to 4 x every
+    assert len(callback.history) == 2  # 3 x every, 4 x every
+    fresh = KLAdaptiveLRCallback(trust_region=False)
+    model.learn(8 * MEASURED_FIRST, callback=fresh, reset_num_timesteps=False)
+    assert len(fresh.history) == MEASURED_FIRST
+    ppo = PPO("MlpPolicy", "CartPole-v1", n_steps=8, batch_size=8, n_epochs=1, seed=0)
+    callback = KLAdaptiveLRCallback(trust_region=False)
+    ppo.learn(8 * 12, callback=callback)
+    assert len(callback.history) == 12  # PPO-style: every update
+
+
+@pytest.mark.parametrize("algorithm", [A2C, SafeA2C, PPO])
+def test_an_undone_update_restores_the_state_before_it(
+    algorithm: type[BaseAlgorithm], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the redo starts from is the policy and optimizer state of the rollout end (A2C-style: the snapshot is
+    taken right before the step, after train() read the rollout)."""
+    batch_size = dict(batch_size=16) if algorithm is PPO else {}
+    model = algorithm("MlpPolicy", "CartPole-v1", n_steps=16, learning_rate=5e-3, seed=0, **batch_size)
+    before: list[dict[str, th.Tensor]] = []
+    restored: list[tuple[int, dict[str, th.Tensor]]] = []
+
+    def state() -> dict[str, th.Tensor]:
+        tensors = {f"param.{name}": p.detach().clone() for name, p in model.policy.named_parameters()}
+        for i, entry in enumerate(model.policy.optimizer.state.values()):
+            tensors.update({f"state.{i}.{key}": value.clone() for key, value in entry.items()})
+        return tensors
+
+    original_restore = SnapshotStore.restore
+
+    def restore(store: SnapshotStore) -> None:
+        original_restore(store)
+        restored.append((len(before) - 1, state()))  # the update of the last rollout end
+
+    monkeypatch.setattr(SnapshotStore, "restore", restore)
+    callback = KLAdaptiveLRCallback(target_kl=1e-6, undo_above=2.0, max_redos=1, window_steps=10**9)
+    model.learn(16 * 4, callback=[AtRolloutEnd(lambda _: before.append(state()) or 0.0), callback])
+    assert callback.redone_updates == len(restored) >= 2
+    for update, after_restore in restored:
+        expected = before[update]
+        assert after_restore.keys() == expected.keys()
+        assert all(th.equal(after_restore[key], expected[key]) for key in expected)
 
 
 @pytest.mark.parametrize("algorithm", [A2C, PPO])
