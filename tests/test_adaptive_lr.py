@@ -303,12 +303,13 @@ def test_a2c_style_updates_are_measured_on_schedule_and_first_ones() -> None:
     assert len(callback.history) == 12  # PPO-style: every update
 
 
+@pytest.mark.parametrize("replace_policy", [False, True])
 @pytest.mark.parametrize("algorithm", [A2C, SafeA2C, PPO])
 def test_an_undone_update_restores_the_state_before_it(
-    algorithm: type[BaseAlgorithm], monkeypatch: pytest.MonkeyPatch
+    algorithm: type[BaseAlgorithm], replace_policy: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """What the redo starts from is the policy and optimizer state of the rollout end (A2C-style: the snapshot is
-    taken right before the step, after train() read the rollout)."""
+    """What the redo starts from is the policy and optimizer state of the rollout end, also in a second learn() with
+    the same callback, and there of a policy assigned in between (what to snapshot is resolved again)."""
     batch_size = dict(batch_size=16) if algorithm is PPO else {}
     model = algorithm("MlpPolicy", "CartPole-v1", n_steps=16, learning_rate=5e-3, seed=0, **batch_size)
     before: list[dict[str, th.Tensor]] = []
@@ -327,9 +328,14 @@ def test_an_undone_update_restores_the_state_before_it(
         restored.append((len(before) - 1, state()))  # the update of the last rollout end
 
     monkeypatch.setattr(SnapshotStore, "restore", restore)
-    callback = KLAdaptiveLRCallback(target_kl=1e-6, undo_above=2.0, max_redos=1, window_steps=10**9)
-    model.learn(16 * 4, callback=[AtRolloutEnd(lambda _: before.append(state()) or 0.0), callback])
-    assert callback.redone_updates == len(restored) >= 2
+    callback = KLAdaptiveLRCallback(target_kl=1e-9, undo_above=2.0, max_redos=1, window_steps=10**9)  # every update
+    record = AtRolloutEnd(lambda _: before.append(state()) or 0.0)
+    model.learn(16 * 3, callback=[record, callback])
+    if replace_policy:
+        model.policy = algorithm("MlpPolicy", "CartPole-v1", n_steps=16, learning_rate=5e-3, seed=1, **batch_size).policy
+    model.learn(16 * 3, callback=[record, callback], reset_num_timesteps=False)
+    assert len(restored) >= 2
+    assert any(update >= 3 for update, _ in restored)
     for update, after_restore in restored:
         expected = before[update]
         assert after_restore.keys() == expected.keys()

@@ -310,24 +310,6 @@ class FlatCopy:
         for buffer in self._buffers:
             th._foreach_copy_([tensor.data for tensor in buffer.live], buffer.views)
 
-    def squared_distance(self, other: "FlatCopy") -> float:
-        """
-        The squared L2 distance between this copy and ``other``, a copy of the same tensors (floating ones only).
-
-        :param other: a :class:`FlatCopy` built from the same tensors
-        """
-        total = 0.0
-        for mine, theirs in zip(self._buffers, other._buffers, strict=True):
-            if not mine.flat.is_floating_point():
-                continue
-            if mine._flat_array is not None and theirs._flat_array is not None:
-                difference = mine._flat_array - theirs._flat_array
-                total += float(difference.dot(difference))
-            else:
-                difference_tensor = mine.flat - theirs.flat
-                total += float(th.dot(difference_tensor, difference_tensor))
-        return total
-
     def find_nonfinite(self) -> list[NonFiniteTensor]:
         """Locate the non-finite tensors in the copies (the slow path)."""
         return find_nonfinite(zip(self.names, self.views, strict=True))

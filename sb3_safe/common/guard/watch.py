@@ -77,6 +77,16 @@ class WatchedModel:
         self._live_check = TensorFiniteCheck(tensor for _, tensor in self.live_tensors())
         self._all_finite = ArrayFiniteCheck()
 
+    def resolves_to_the_same(self, model: BaseAlgorithm) -> bool:
+        """
+        Whether ``model``'s modules, optimizers and torch variables are still the objects resolved at construction
+        (nothing replaced since, e.g. by assigning a new policy): then this description can be reused.
+
+        :param model: the algorithm
+        """
+        resolved = (*self.modules, *self.optimizers, *self.variables)
+        return all(recursive_getattr(model, name) is obj for name, obj in resolved)
+
     # ----- names -----
 
     def name_of(self, param: th.Tensor) -> str:
