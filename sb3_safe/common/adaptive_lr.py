@@ -342,7 +342,7 @@ class KLAdaptiveLRCallback(BaseCallback):
     def _scale_learning_rate(self, factor: float) -> None:
         """Multiply the learning rate by ``factor``, keeping it inside the bounds."""
         model = self._algorithm
-        learning_rate = model.lr_schedule(model._current_progress_remaining)
+        learning_rate = current_learning_rate(model)
         low, high = self.bounds
         if factor == 1.0 and low <= learning_rate <= high:
             return  # (every rollout end: the quick way out)
@@ -398,7 +398,7 @@ class KLAdaptiveLRCallback(BaseCallback):
             return
         self.history.append((kl, learning_rate))
         self.logger.record("train/kl", kl)
-        if pending.scheduled:  # the window's mean is over updates on schedule, not the first ones of a learn()
+        if pending.scheduled:  # the window's mean is over updates on schedule, not the first ones of a model
             self._window.append(kl)
         if self._window and model.num_timesteps - self._window_start >= self.window_steps:
             window_kl = sum(self._window) / len(self._window)
@@ -508,7 +508,7 @@ class _PendingUpdate:
     n_updates: int
     learning_rate: float
     snapshot: SnapshotStore | None
-    #: measured on schedule (every ``MEASURED_SAMPLES``), not as one of a ``learn()``'s first updates
+    #: measured on schedule (every ``MEASURED_SAMPLES``), not as one of the first updates the callback sees of a model
     scheduled: bool
 
 
