@@ -17,10 +17,12 @@ What it guarantees for an untrusted file:
 - **One line, never a traceback**, for a file that is not a readable model (exit 2), naming the entry and what
   was expected.
 
-What it does not: it does not make ``load`` safe. It reports what loading would run; SB3's ``load`` still
+What it does not: it does not make SB3's ``load`` safe. It reports what loading would run; SB3's ``load`` still
 unpickles ``data`` with a full unpickler, and calls the classes the file names (the policy class, the activation,
-the optimizer) with the file's arguments. Doctor accepts any class defined in SB3, sb3-contrib and sb3-safe as a
-name, and checks that loading calls only the constructors model files need; it does not sandbox ``load``.
+the optimizer) with the file's arguments. Doctor accepts as a name a class defined in SB3, sb3-contrib and sb3-safe
+of a kind SB3 builds from a model's data (a module, a buffer, an optimizer, a space), and checks that loading calls
+only the constructors model files need; it does not sandbox ``load``. :func:`sb3_safe.load` loads with the same
+allowlist enforced.
 
 A model is unhealthy (exit 1) if a pickle would run code beyond an SB3 file's needs, if a tensor holds NaN or inf,
 if the policy's log-std leaves its range (the policy's own ``log_std_range`` for sb3-safe's policies,

@@ -9,8 +9,10 @@ Two levels, because naming a class and calling it are different risks:
   values, plain containers, and the SB3 objects a model's data holds: schedules, noise, spaces, ...). A class of
   SB3 that opens files (a logger, a monitor) is never built by a model file, so it is not here.
 - **named** only (``policy_class``, ``activation_fn``, ``optimizer_class``, ``features_extractor_class``,
-  ``rollout_buffer_class``, ...): the classes SB3 calls after loading. Any class defined in SB3, sb3-contrib or
-  sb3-safe, torch's modules and optimizers, gymnasium's spaces, numpy's scalar types.
+  ``rollout_buffer_class``, ...): the classes SB3 calls after loading, with arguments from the file. A class defined
+  in SB3, sb3-contrib or sb3-safe of a kind SB3 builds from a model's data (:data:`TRUSTED_KINDS`: a module, such as
+  a policy or a features extractor, a buffer, an optimizer, a space; not a logger or a monitor, which open files),
+  torch's modules and optimizers, gymnasium's spaces, numpy's scalar types.
 
 Nothing named by a file is imported to decide, except modules of SB3, sb3-contrib and sb3-safe (libraries whose
 import has no effect beyond defining their classes; a ``__main__`` module runs a program and is refused) and the
@@ -26,11 +28,15 @@ from typing import Any
 import numpy as np
 import torch as th
 from gymnasium import spaces
+from stable_baselines3.common.buffers import BaseBuffer
 
 from sb3_safe.doctor.scan import PickleGlobal
 
 #: Packages whose classes a model file may name (their modules define policies, buffers, extractors, schedules)
 TRUSTED_PACKAGES = ("stable_baselines3", "sb3_contrib", "sb3_safe")
+#: What a class of TRUSTED_PACKAGES that a file names must be: the kinds SB3 builds from a model's data (the policy,
+#: its features extractor and activation, the rollout or replay buffer, the optimizer, the spaces)
+TRUSTED_KINDS = (th.nn.Module, BaseBuffer, th.optim.Optimizer, spaces.Space)
 
 #: Called while loading a model file
 CALLABLE = frozenset(
@@ -183,8 +189,9 @@ class Allowlist:
         for prefix, kinds in _NAMED_KINDS:
             if found.module.startswith(prefix):
                 return issubclass(value, kinds)
-        # A class of SB3 / sb3-contrib / sb3-safe, defined there (not a re-export of another package's class)
-        return _top_package(value.__module__) in TRUSTED_PACKAGES
+        # A class of SB3 / sb3-contrib / sb3-safe, defined there (not a re-export of another package's class), of a
+        # kind SB3 builds after loading: SB3 calls it with arguments from the file
+        return _top_package(value.__module__) in TRUSTED_PACKAGES and issubclass(value, TRUSTED_KINDS)
 
     def may_call(self, found: PickleGlobal) -> bool:
         """Whether loading may call ``found``: build one of the objects SB3 model files hold."""

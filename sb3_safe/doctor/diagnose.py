@@ -104,7 +104,7 @@ def _diagnose_pickle(path: Path, limits: SizeLimits, rules: Allowlist) -> Doctor
     return DoctorReport(str(path), unsafe=pickles.findings, tensors_checked=False, pickle_only=True)
 
 
-def _parse_data(raw: bytes) -> dict[str, Any]:
+def parse_data(raw: bytes) -> dict[str, Any]:
     """The ``data`` entry as SB3's ``load`` reads it: UTF-8 JSON of an object."""
     try:
         data = json.loads(raw.decode())
@@ -195,7 +195,7 @@ def diagnose(
     data_raw, torch_entries = _read_entries(path, limits)
     pickles = PickleReport()
     with _in_file(path):
-        data = _parse_data(data_raw)
+        data = parse_data(data_raw)
         scan_data(data_pickles(data), rules, limits, pickles)
         for name, raw in torch_entries.items():
             scan_torch_entry(raw, name, rules, limits, pickles)
@@ -231,7 +231,7 @@ def _pickles_of(path: Path, entry: str, limits: SizeLimits) -> list[tuple[str, i
     with _in_file(path):
         item = re.fullmatch(r"""data\[["']?(.*?)["']?\]""", entry)
         if item is not None:
-            pickles = data_pickles(_parse_data(data_raw))
+            pickles = data_pickles(parse_data(data_raw))
             if item.group(1) not in pickles:
                 raise UnreadableModelError(f"data has no pickled item {item.group(1)!r} (pickled: {', '.join(pickles)})")
             return [(data_item_entry(item.group(1)), io.BytesIO(pickles[item.group(1)]))]

@@ -19,10 +19,18 @@ _STRING_OPCODES = frozenset(
     {"STRING", "BINSTRING", "SHORT_BINSTRING", "UNICODE", "SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8"}
 )
 _BYTES_OPCODES = frozenset({"BINBYTES", "SHORT_BINBYTES", "BINBYTES8"})
+#: Opcodes that push a number, a bool or None: a plain value, not an object built by a call
+_CONSTANT_OPCODES = frozenset(
+    {"INT", "BININT", "BININT1", "BININT2", "LONG", "LONG1", "LONG4", "FLOAT", "BINFLOAT", "NONE", "NEWTRUE", "NEWFALSE"}
+)
 _GET_OPCODES = frozenset({"GET", "BINGET", "LONG_BINGET"})
 _PUT_OPCODES = frozenset({"PUT", "BINPUT", "LONG_BINPUT"})
 #: Opcodes that call a method of the object below the mark / the value: append, extend, __setitem__, add
 _MUTATING_OPCODES = {"APPEND": 2, "APPENDS": None, "SETITEM": 3, "SETITEMS": None, "ADDITEMS": None}
+#: Attributes the unpickler looks up on an object and calls: ``__setstate__`` (BUILD), ``append`` / ``extend``
+#: (APPEND(S) on what is not a list), ``add`` (ADDITEMS on what is not a set). BUILD's state sets attributes on the
+#: object it builds, so a dict with such a key can make loading call any global the pickle names, allowed or not
+_CALLED_ATTRIBUTES = frozenset({"__setstate__", "append", "extend", "add"})
 
 
 #: Most opcodes read from one pickle: a real one has at most a few million (torch's pickle of 100,000 tensors);
@@ -127,8 +135,13 @@ class _Built:
     """An object the pickle built by a call (or a container): calling it is not statically checkable."""
 
 
+class _Constant:
+    """A number, a bool or None."""
+
+
 _MARK = _Mark()
 _BUILT = _Built()
+_CONSTANT = _Constant()
 
 
 class _MalformedPickle(Exception):
@@ -200,6 +213,14 @@ class _Machine:
             # APPEND / SETITEM / BUILD on a class or function: its methods run, its attributes change
             self.flag(str(target), "the pickle changes it (appends to it, sets items or attributes)")
 
+    def check_keys(self, keys: list[Any]) -> None:
+        """Flag dict keys that can set an attribute the unpickler calls (through BUILD's state)."""
+        for key in keys:
+            if isinstance(key, str) and (key in _CALLED_ATTRIBUTES or (key.startswith("__") and key.endswith("__"))):
+                self.flag(f"attribute {key}", _ATTRIBUTE_KEY)
+            elif key is _BUILT:  # a str subclass built by a call names attributes as a str does
+                self.flag(_COMPUTED_KEY, "cannot be checked statically (it can name an attribute)")
+
     def global_findings(self) -> list[Finding]:
         """The globals loading may not import, or may import but not call (in order of appearance)."""
         findings = []
@@ -225,6 +246,8 @@ class _Machine:
         name = opcode.name
         if name in _STRING_OPCODES or name in _BYTES_OPCODES:
             self.stack.append(arg)
+        elif name in _CONSTANT_OPCODES:
+            self.stack.append(_CONSTANT)
         elif name in ("GLOBAL", "INST"):
             module, _, attribute = str(arg).partition(" ")
             found = self.name_global(module, attribute)
@@ -256,13 +279,13 @@ class _Machine:
             self.mutate(self.top())
         elif name in _MUTATING_OPCODES:
             depth = _MUTATING_OPCODES[name]
-            if depth is None:
-                self.pop_to_mark()
-                self.mutate(self.top())
-            else:
-                for _ in range(depth - 1):
-                    self.pop()
-                self.mutate(self.top())
+            items = self.pop_to_mark() if depth is None else [self.pop() for _ in range(depth - 1)][::-1]
+            if name.startswith("SETITEM"):
+                self.check_keys(items[0::2])
+            self.mutate(self.top())
+        elif name == "DICT":
+            self.check_keys(self.pop_to_mark()[0::2])
+            self.stack.append(_BUILT)
         elif name in ("TUPLE1", "TUPLE2", "TUPLE3"):
             items = [self.pop() for _ in range(int(name[-1]))]
             self.stack.append(tuple(items[::-1]))
@@ -357,6 +380,8 @@ def scan_pickle(data: bytes | IO[bytes], entry: str, rules: ScanRules) -> Pickle
 
 
 _BUILT_CALL = "an object the pickle builds and then calls"
+_ATTRIBUTE_KEY = "a dict key BUILD's state can set on an object, which the unpickler may call"
+_COMPUTED_KEY = "a dict key computed while loading"
 
 
 def _merge_code_findings(findings: list[Finding]) -> list[Finding]:
@@ -367,5 +392,8 @@ def _merge_code_findings(findings: list[Finding]) -> list[Finding]:
     code = [finding for finding in findings if finding.builds_code]
     if not code:
         return findings
-    machinery = {finding.target for finding in findings if finding.target.startswith("cloudpickle.")} | {_BUILT_CALL}
+    # cloudpickle's globals, and the attributes of the function it builds (__globals__, __qualname__, ...)
+    machinery = {
+        finding.target for finding in findings if finding.target.startswith("cloudpickle.") or finding.detail == _ATTRIBUTE_KEY
+    } | {_BUILT_CALL, _COMPUTED_KEY}
     return [code[0]] + [finding for finding in findings if finding not in code and finding.target not in machinery]
