@@ -30,6 +30,7 @@ from sb3_safe.common.recurrent import (
     SafeMultiInputLstmPolicy,
     SafeRecurrentActorCriticPolicy,
 )
+from sb3_safe.loading import RefusedFileError, load, load_replay_buffer, load_vec_normalize
 from sb3_safe.ppo_kl import KLAdaptivePPO
 
 __version__ = (Path(__file__).parent / "version.txt").read_text(encoding="utf-8").strip()
@@ -43,6 +44,7 @@ __all__ = [
     "NonFiniteGuardWarning",
     "NumericsMonitorCallback",
     "PolicyAlgorithmMismatchError",
+    "RefusedFileError",
     "SafeA2C",
     "SafeActorCriticPolicy",
     "SafeCnnLstmPolicy",
@@ -57,4 +59,7 @@ __all__ = [
     "SafeMultiInputPolicy",
     "SafeRecurrentActorCriticPolicy",
     "__version__",
+    "load",
+    "load_replay_buffer",
+    "load_vec_normalize",
 ]
