@@ -16,7 +16,7 @@ from sb3_safe.common.maskable import (
     SafeMaskableMlpPolicy,
     SafeMaskableMultiInputPolicy,
 )
-from sb3_safe.common.numerics import NonFiniteError
+from sb3_safe.common.numerics import NonFiniteError, TrainingStalledError
 from sb3_safe.common.policies import (
     PolicyAlgorithmMismatchError,
     SafeActorCriticPolicy,
@@ -58,6 +58,7 @@ __all__ = [
     "SafeMultiInputLstmPolicy",
     "SafeMultiInputPolicy",
     "SafeRecurrentActorCriticPolicy",
+    "TrainingStalledError",
     "__version__",
     "load",
     "load_replay_buffer",

@@ -206,16 +206,25 @@ def test_kl_of_an_update_that_changes_nothing_is_zero(name: str) -> None:
     assert all(kl == pytest.approx(0.0, abs=1e-6) for kl, _ in callback.history)
 
 
-def test_learning_rate_never_turns_negative_past_the_end_of_a_linear_schedule() -> None:
-    """rl-zoo's lin_7e-4 is negative in the last rollout of a budget that is not a multiple of it (SB3's progress < 0);
-    held at the lower bound by a large scale, that would be a large step up the loss (measured: -1e-5 on A2C)."""
+def test_a_decaying_schedule_runs_inside_the_bounds_and_the_saved_scale_is_what_the_decisions_chose() -> None:
+    """rl-zoo's lin_7e-4 decays below the lower bound 1e-5 and is negative in the last rollout of a budget that is not a
+    multiple of it (SB3's progress < 0). Every step runs inside the bounds; the bound clamps the rate, never the
+    scale: what is saved is what the KL decisions chose (issue 36, item 1: folded in, the clamp saved a scale of 28.6
+    where the decisions had chosen 6.6, and a second learn() trained above the upper bound)."""
     model = A2C("MlpPolicy", "CartPole-v1", n_steps=5, learning_rate=linear_schedule(7e-4), seed=0)
-    callback = KLAdaptiveLRCallback()
+    callback = KLAdaptiveLRCallback(trust_region=False)
     rates: list[float] = []
     model.learn(2_052, callback=[callback, RecordLearningRate(rates)])  # the last rollout ends at 2,055: progress < 0
-    assert model._current_progress_remaining < 0
-    assert learning_rate_scale(model) > 1.0  # the bound raised the decayed schedule
-    assert min(rates) >= 0.0 and rates[-1] == 0.0
+    assert model._current_progress_remaining < 0  # SB3's, stock A2C: the callback read the schedule at 0
+    low, high = callback.bounds
+    assert len(rates) == 411 and all(low <= rate <= high for rate in rates)
+    assert rates[-1] == pytest.approx(low)  # the schedule's tail, held at the bound
+    chosen = math.prod(factor for _, factor in callback.decisions)
+    assert learning_rate_scale(model) == pytest.approx(chosen)
+    first = len(rates)  # (the first rate recorded is that of the last update before)
+    model.learn(50, callback=[callback, RecordLearningRate(rates)])  # a new learn(): the schedule from its start
+    progress = 1 - 5 / 50  # SB3 updates the progress before the first train()
+    assert rates[first + 1] == pytest.approx(min(max(7e-4 * progress * learning_rate_scale(model), low), high))
 
 
 def test_kl_after_a_real_update_matches_a_fresh_measurement() -> None:
@@ -328,7 +337,8 @@ def test_an_undone_update_restores_the_state_before_it(
         restored.append((len(before) - 1, state()))  # the update of the last rollout end
 
     monkeypatch.setattr(SnapshotStore, "restore", restore)
-    callback = KLAdaptiveLRCallback(target_kl=1e-9, undo_above=2.0, max_redos=1, window_steps=10**9)  # every update
+    # every update overshoots and is redone (bounds wide enough that the rate can always be lowered)
+    callback = KLAdaptiveLRCallback(target_kl=1e-9, undo_above=2.0, max_redos=1, window_steps=10**9, lr_bounds=(1e-12, 1.0))
     record = AtRolloutEnd(lambda _: before.append(state()) or 0.0)
     model.learn(16 * 3, callback=[record, callback])
     if replace_policy:

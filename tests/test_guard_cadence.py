@@ -105,9 +105,9 @@ def test_on_policy_checks_after_every_update_by_default() -> None:
     model.learn(32)  # the guard below starts after one update
     original = guard._check_model
 
-    def recording(phase: str) -> None:
+    def recording(phase: str, **kwargs: Any) -> None:
         checked.append(model.num_timesteps)
-        original(phase)
+        original(phase, **kwargs)
 
     guard._check_model = recording  # type: ignore[method-assign]
     model.learn(160, callback=guard, reset_num_timesteps=False)

@@ -15,10 +15,15 @@ from stable_baselines3.common.utils import explained_variance
 from torch.nn import functional as F
 
 from sb3_safe.a2c_safe.policies import CnnPolicy, MlpPolicy, MultiInputPolicy
-from sb3_safe.common.adaptive_lr import check_adaptive_lr, with_adaptive_lr
+from sb3_safe.common.adaptive_lr import ADAPTIVE_LR_CALLBACK, check_adaptive_lr, with_adaptive_lr
 from sb3_safe.common.checkpoints import continue_stock_checkpoint
 from sb3_safe.common.policies import SafeActorCriticPolicy
-from sb3_safe.common.updates import GuardedOptimizerStep, normalize_advantages, write_last_update_statistics
+from sb3_safe.common.updates import (
+    GuardedOptimizerStep,
+    normalize_advantages,
+    read_from_zero_past_the_end,
+    write_last_update_statistics,
+)
 
 SelfSafeA2C = TypeVar("SelfSafeA2C", bound="SafeA2C")
 
@@ -93,6 +98,8 @@ class SafeA2C(A2C):
         "CnnPolicy": CnnPolicy,
         "MultiInputPolicy": MultiInputPolicy,
     }
+    #: Restored with the state before an update (a rollback, an undo): the skip counts describe the kept updates
+    rollback_attributes: ClassVar[tuple[str, ...]] = ("guarded_step",)
 
     def __init__(
         self,
@@ -186,6 +193,13 @@ class SafeA2C(A2C):
         custom_objects = continue_stock_checkpoint(path, cls.policy_aliases, ("value_loss",), custom_objects)
         return super().load(path, env, device, custom_objects, print_system_info, force_reset, **kwargs)
 
+    def _excluded_save_params(self) -> list[str]:
+        return [*super()._excluded_save_params(), ADAPTIVE_LR_CALLBACK]
+
+    def _update_current_progress_remaining(self, num_timesteps: int, total_timesteps: int) -> None:
+        super()._update_current_progress_remaining(num_timesteps, total_timesteps)
+        read_from_zero_past_the_end(self)
+
     @property
     def skipped_updates(self) -> int:
         """Number of updates skipped because the loss or the gradient norm was not finite."""
@@ -263,7 +277,7 @@ class SafeA2C(A2C):
     ) -> SelfSafeA2C:
         super().learn(
             total_timesteps=total_timesteps,
-            callback=with_adaptive_lr(callback, self.adaptive_lr),
+            callback=with_adaptive_lr(self, callback),
             log_interval=log_interval,
             tb_log_name=tb_log_name,
             reset_num_timesteps=reset_num_timesteps,

@@ -27,7 +27,13 @@ from sb3_safe.common.guard.snapshot import SnapshotStore
 from sb3_safe.common.guard.watch import WatchedModel
 from sb3_safe.common.kl import distribution_params, has_analytic_kl
 from sb3_safe.common.rollout_kl import Rollout, mean_kl, mean_kl_on_batch, old_distribution_params
-from sb3_safe.common.schedules import current_learning_rate, learning_rate_scale, scale_learning_rate
+from sb3_safe.common.schedules import (
+    learning_rate_scale,
+    scale_learning_rate,
+    set_learning_rate_bounds,
+    unbounded_learning_rate,
+)
+from sb3_safe.common.supervisor import UpdateSupervisor
 
 #: The anchors' lower bound on the learning rate (rsl_rl, SBX); the upper one is the kind's (:class:`KLTargets`)
 LOWEST_LEARNING_RATE = 1e-5
@@ -241,7 +247,7 @@ class KLAdaptiveLRCallback(BaseCallback):
         self.redone_updates = 0
         #: (KL of the kept update, learning rate it used), one per update of this learn()
         self.history: list[tuple[float, float]] = []
-        #: (mean KL per update of the window, factor applied), one per decision of this learn()
+        #: (mean KL per update of the window, factor applied to the scale), one per decision of this learn()
         self.decisions: list[tuple[float, float]] = []
         self._window: list[float] = []
         self._window_start = 0
@@ -254,6 +260,7 @@ class KLAdaptiveLRCallback(BaseCallback):
         self._counted_model: OnPolicyAlgorithm | None = None
         self._measure_every = 1
         self._train_batch: TrainBatchRecorder | None = None
+        self._supervisor: UpdateSupervisor
 
     def _on_training_start(self) -> None:
         model = self.model
@@ -275,6 +282,8 @@ class KLAdaptiveLRCallback(BaseCallback):
         )
         self._recent_windows = deque(maxlen=self.targets.raise_after)
         self.bounds = (LOWEST_LEARNING_RATE, defaults.highest_learning_rate) if self.lr_bounds is None else self.lr_bounds
+        # The bounds clamp the rate each step uses (also of a configured rate far too high, before the first update)
+        set_learning_rate_bounds(model, [model.policy.optimizer], self.bounds)
         self.redone_updates = 0
         self.history, self.decisions, self._window = [], [], []
         self._window_start = model.num_timesteps
@@ -294,6 +303,8 @@ class KLAdaptiveLRCallback(BaseCallback):
         # A2C's updates are a few env steps each: one in MEASURED_SAMPLES / rollout size is measured, PPO's every one
         rollout_size = model.n_steps * model.n_envs
         self._measure_every = max(1, math.ceil(MEASURED_SAMPLES / rollout_size)) if one_step else 1
+        self._supervisor = UpdateSupervisor.of(model)
+        self._supervisor.join(self, self.locals.get("callback"))
 
     def _on_step(self) -> bool:
         return True
@@ -303,12 +314,26 @@ class KLAdaptiveLRCallback(BaseCallback):
         """The model, checked to be on-policy at the start of ``learn()``; its policy an actor-critic policy."""
         return cast(OnPolicyAlgorithm, self.model)
 
-    # SB3 calls train() right after the rollout end and the next rollout starts right after it (or learn() ends):
-    # the update is prepared at the one event and judged at the other
+    # SB3 calls train() right after the rollout end and the next rollout starts right after it (or learn() ends): the
+    # update is prepared at the one event and judged at the other, through the model's supervisor (which orders this
+    # callback's work with the guard's, whatever the order of the callbacks)
 
     def _on_rollout_end(self) -> None:
+        self._supervisor.rollout_end()
+
+    def _on_rollout_start(self) -> None:
+        self._supervisor.after_update()
+
+    def _on_training_end(self) -> None:
+        self._supervisor.after_update(at_end=True)
+        if self._train_batch is not None:
+            self._train_batch.detach()
+
+    # ----- one update (called by the supervisor) -----
+
+    def prepare_update(self) -> None:
+        """Before ``train()``: the record of the state an undo of the update restores (for the updates measured)."""
         model = self._algorithm
-        self._scale_learning_rate(1.0)  # into the bounds (a schedule that decays, a guard's rollback)
         scheduled = self._updates % self._measure_every == 0
         self._updates += 1
         if not scheduled and self._updates > MEASURED_FIRST:
@@ -323,33 +348,94 @@ class KLAdaptiveLRCallback(BaseCallback):
             rollout=rollout,
             old_params=old_params,
             buffer_state=dict(model.rollout_buffer.__dict__),
-            n_updates=model._n_updates,
-            learning_rate=current_learning_rate(model),
+            lr_scale=learning_rate_scale(model),
             snapshot=self._take_snapshot(),
             scheduled=scheduled,
         )
 
-    def _on_rollout_start(self) -> None:
-        self._judge_update()
+    def discard_update(self) -> None:
+        """The update was rolled back or training is stopping (by a guard): nothing to judge, nothing to undo."""
+        self._pending = None
 
-    def _on_training_end(self) -> None:
-        self._judge_update()
-        if self._train_batch is not None:
-            self._train_batch.detach()
+    def judge_update(self, at_end: bool) -> None:
+        """
+        After ``train()``: measure the KL, undo and redo an overshooting update, adapt the next learning rate.
 
-    # ----- one update -----
-
-    def _scale_learning_rate(self, factor: float) -> None:
-        """Multiply the learning rate by ``factor``, keeping it inside the bounds."""
+        :param at_end: at the end of ``learn()`` (else at the start of the next rollout, which SB3 has set up)
+        """
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return  # not an update measured (or learn() ended inside the rollout)
         model = self._algorithm
-        learning_rate = current_learning_rate(model)
+        kl = self._measure(pending)
+        if kl is None:
+            return
+        learning_rate = self._step_learning_rate()
+        target, undo_above = self.targets.target_kl, self.targets.undo_above
+        redone = False
+        for _ in range(self.max_redos):
+            if pending.snapshot is None or not kl > undo_above * target:
+                break
+            cut = self._limited(min(max(math.sqrt(target / kl), 0.1), 0.5))
+            if cut >= 1.0:
+                break  # at the lowest learning rate already: a redo would train at the same one
+            self._redo(pending, cut)
+            self.redone_updates += 1
+            redone = True
+            if self._supervisor.stopping or self._supervisor.restored:
+                return  # a guard rolled the redo back or stopped training: this update is no longer the one measured
+            kl = self._measure(pending)
+            learning_rate = self._step_learning_rate()
+            if kl is None:
+                break
+        if redone:
+            if not at_end:
+                # SB3 set the next rollout up (evaluation mode, gSDE's noise) before this redo trained the policy
+                model.policy.set_training_mode(False)
+                if model.use_sde:
+                    model.policy.reset_noise(model.env.num_envs if model.env is not None else 1)
+            if not self.targets.keep_redo_rate:
+                # The cut holds for that update only: the next ones run at the scale before it divided by max_step
+                self._scale(max(1.0, pending.lr_scale / (self.max_step * learning_rate_scale(model))))
+        if kl is None:
+            return
+        self.history.append((kl, learning_rate))
+        self.logger.record("train/kl", kl)
+        if pending.scheduled:  # the window's mean is over updates on schedule, not the first ones of a model
+            self._window.append(kl)
+        if self._window and model.num_timesteps - self._window_start >= self.window_steps:
+            window_kl = sum(self._window) / len(self._window)
+            self.decisions.append((window_kl, self._scale(self._decide(window_kl))))
+            self.logger.record("train/kl_window", window_kl)
+            self._window, self._window_start = [], model.num_timesteps
+        self.logger.record("train/lr_scale", learning_rate_scale(model))
+        self.logger.record("train/redone_updates", self.redone_updates)
+
+    def _step_learning_rate(self) -> float:
+        """The learning rate the last optimizer step ran at (train() set it from the schedule)."""
+        return float(self._algorithm.policy.optimizer.param_groups[0]["lr"])
+
+    def _limited(self, factor: float) -> float:
+        """
+        The factor for the scale that moves the rate a step uses (the schedule's, clamped into the bounds) by
+        ``factor``, as far as the bounds let it: a decision acts on the rate in use, also where the schedule lies
+        beyond a bound (a configured rate far too high is lowered at once), and never moves the scale where the rate
+        cannot follow (a lowering at the lower bound, a raise at the upper one), so that no clamp is folded into the
+        saved scale without a decision.
+        """
+        rate = unbounded_learning_rate(self._algorithm)
+        if rate <= 0.0 or factor == 1.0:
+            return 1.0  # the schedule is at 0: a scale moves nothing
         low, high = self.bounds
-        if factor == 1.0 and low <= learning_rate <= high:
-            return  # (every rollout end: the quick way out)
-        if learning_rate > 0.0:
-            factor = min(max(factor, low / learning_rate), high / learning_rate)
+        moved = min(max(min(max(rate, low), high) * factor, low), high) / rate
+        return max(moved, 1.0) if factor > 1.0 else min(moved, 1.0)
+
+    def _scale(self, factor: float) -> float:
+        """Multiply the learning-rate scale by ``factor``, as far as the bounds let the rate move; return what it was."""
+        factor = self._limited(factor)
         if factor != 1.0:
-            scale_learning_rate(model, [model.policy.optimizer], factor)
+            scale_learning_rate(self._algorithm, [self._algorithm.policy.optimizer], factor)
+        return factor
 
     def _take_snapshot(self) -> SnapshotStore | None:
         """The state to undo an update to, if the trust region is on and the state is finite (else the guard's job)."""
@@ -374,42 +460,6 @@ class KLAdaptiveLRCallback(BaseCallback):
         batch, old_params = recorded
         return mean_kl_on_batch(policy, batch, old_params)
 
-    def _judge_update(self) -> None:
-        """After ``train()``: measure the KL, undo and redo an overshooting update, adapt the next learning rate."""
-        pending, self._pending = self._pending, None
-        model = self._algorithm
-        if pending is None or model._n_updates == pending.n_updates:
-            return  # no train() since the rollout (learn() ended inside the rollout)
-        kl = self._measure(pending)
-        if kl is None:
-            return
-        learning_rate = pending.learning_rate
-        target, undo_above = self.targets.target_kl, self.targets.undo_above
-        for _ in range(self.max_redos):
-            if pending.snapshot is None or not kl > undo_above * target:
-                break
-            learning_rate = self._redo(pending, kl)
-            kl = self._measure(pending)
-            if kl is None:
-                break
-        if learning_rate != pending.learning_rate and not self.targets.keep_redo_rate:
-            self._scale_learning_rate(max(learning_rate, pending.learning_rate / self.max_step) / learning_rate)
-        if kl is None:
-            return
-        self.history.append((kl, learning_rate))
-        self.logger.record("train/kl", kl)
-        if pending.scheduled:  # the window's mean is over updates on schedule, not the first ones of a model
-            self._window.append(kl)
-        if self._window and model.num_timesteps - self._window_start >= self.window_steps:
-            window_kl = sum(self._window) / len(self._window)
-            factor = self._decide(window_kl)
-            self.decisions.append((window_kl, factor))
-            self._scale_learning_rate(factor)
-            self.logger.record("train/kl_window", window_kl)
-            self._window, self._window_start = [], model.num_timesteps
-        self.logger.record("train/lr_scale", learning_rate_scale(model))
-        self.logger.record("train/redone_updates", self.redone_updates)
-
     def _decide(self, window_kl: float) -> float:
         """
         The factor for the learning rate after a window with mean KL ``window_kl``: a lowering at once, a raise only
@@ -424,16 +474,14 @@ class KLAdaptiveLRCallback(BaseCallback):
             return 1.0
         return min(factors)
 
-    def _redo(self, pending: "_PendingUpdate", kl: float) -> float:
-        """Undo the update, lower the learning rate, train again on the same rollout; return the new learning rate."""
+    def _redo(self, pending: "_PendingUpdate", cut: float) -> None:
+        """Undo the update (the record's whole state, counters too), cut the learning rate, train on the same rollout."""
         model = self._algorithm
         assert pending.snapshot is not None
         pending.snapshot.restore()
-        model._n_updates = pending.n_updates
-        self._scale_learning_rate(min(max(math.sqrt(self.targets.target_kl / kl), 0.1), 0.5))
-        self.redone_updates += 1
+        self._scale(cut)
         if self.verbose >= 1:
-            print(f"KLAdaptiveLRCallback: KL {kl:.3g} > {self.targets.undo_above:g} x target: update redone at a lower lr")
+            print(f"KLAdaptiveLRCallback: KL > {self.targets.undo_above:g} x target: update redone at lr x {cut:.3g}")
         if self._train_batch is not None:
             self._train_batch.arm()
         # The buffer as train() first read it (get() and the next reset() put new arrays in place of these)
@@ -445,7 +493,6 @@ class KLAdaptiveLRCallback(BaseCallback):
         finally:
             buffer.__dict__.clear()
             buffer.__dict__.update(current)
-        return current_learning_rate(model)
 
 
 class TrainBatchRecorder:
@@ -505,8 +552,8 @@ class _PendingUpdate:
     old_params: th.Tensor | None
     #: the rollout buffer's attributes (array references, position, flags) before train() read it
     buffer_state: dict[str, Any]
-    n_updates: int
-    learning_rate: float
+    #: the learning-rate scale before the update
+    lr_scale: float
     snapshot: SnapshotStore | None
     #: measured on schedule (every ``MEASURED_SAMPLES``), not as one of the first updates the callback sees of a model
     scheduled: bool
@@ -532,15 +579,26 @@ def check_adaptive_lr(settings: dict[str, Any] | None) -> dict[str, Any] | None:
     return dict(settings)
 
 
-def with_adaptive_lr(callback: MaybeCallback, settings: dict[str, Any] | None) -> MaybeCallback:
-    """
-    ``callback`` plus a :class:`KLAdaptiveLRCallback` made from ``settings`` (none if None), for ``learn()``.
+#: The model attribute keeping the callback ``adaptive_lr=`` builds, across ``learn()`` calls (not saved)
+ADAPTIVE_LR_CALLBACK = "_adaptive_lr_callback"
 
-    :param callback: what ``learn()`` was given
-    :param settings: the algorithm's ``adaptive_lr``
+
+def with_adaptive_lr(model: OnPolicyAlgorithm, callback: MaybeCallback) -> MaybeCallback:
     """
+    ``callback`` plus the model's :class:`KLAdaptiveLRCallback` made from its ``adaptive_lr`` setting (none if None),
+    for ``learn()``: one callback per model, so that a ``learn()`` that continues it counts on, as a callback the
+    user passes to each ``learn()`` does.
+
+    :param model: an algorithm with an ``adaptive_lr`` setting (KLAdaptivePPO, SafeA2C)
+    :param callback: what ``learn()`` was given
+    """
+    settings = getattr(model, "adaptive_lr", None)
     if settings is None:
         return callback
+    kept = getattr(model, ADAPTIVE_LR_CALLBACK, None)
+    if kept is None or kept[0] != settings:  # built again when the setting was changed
+        kept = (dict(settings), KLAdaptiveLRCallback(**settings))
+        setattr(model, ADAPTIVE_LR_CALLBACK, kept)
     if callback is None:
         callbacks: list[BaseCallback] = []
     elif isinstance(callback, list):
@@ -549,4 +607,4 @@ def with_adaptive_lr(callback: MaybeCallback, settings: dict[str, Any] | None) -
         callbacks = [callback]
     else:
         callbacks = [ConvertCallback(callback)]
-    return [*callbacks, KLAdaptiveLRCallback(**settings)]
+    return [*callbacks, kept[1]]

@@ -18,7 +18,7 @@ from sb3_safe.common.adaptive_lr import KLAdaptiveLRCallback
 from sb3_safe.common.exploration import DEFAULT_PATIENCE, ExplorationWatch, shared_watch
 from sb3_safe.common.guard import report
 from sb3_safe.common.guard.cadence import READ_ONLY_CALLBACKS, FullCheckCadence, other_callbacks_may_write
-from sb3_safe.common.guard.locate import ENVIRONMENT, MODEL, NORMALIZATION, ROLLOUT, Fault, FaultLocator
+from sb3_safe.common.guard.locate import ENVIRONMENT, MODEL, NORMALIZATION, ROLLOUT, STALL, Fault, FaultLocator
 from sb3_safe.common.guard.report import REPORT_FILENAME, GuardEvent, NonFiniteGuardWarning
 from sb3_safe.common.guard.response import (
     ON_NONFINITE_MODES,
@@ -31,9 +31,11 @@ from sb3_safe.common.guard.response import (
     vec_normalize_path,
 )
 from sb3_safe.common.guard.snapshot import SnapshotStore
+from sb3_safe.common.guard.stall import DEFAULT_STALL_UPDATES, StallWatch, logged_nonfinite_losses
 from sb3_safe.common.guard.watch import WatchedModel
-from sb3_safe.common.numerics import GradientNorm, NonFiniteError
-from sb3_safe.common.schedules import ScaledSchedule, scale_schedule
+from sb3_safe.common.numerics import GradientNorm, NonFiniteError, TrainingStalledError
+from sb3_safe.common.schedules import ScaledSchedule, current_learning_rate, scale_schedule
+from sb3_safe.common.supervisor import UpdateSupervisor
 
 __all__ = [
     "ENVIRONMENT",
@@ -111,6 +113,10 @@ class NonFiniteGuardCallback(BaseCallback):
     :param collapse_patience: environment steps with a log-std at a bound of its range before an
         :class:`~sb3_safe.common.exploration.ExplorationWarning` (finite, but no longer exploring, or only noise);
         environment steps mean the same amount of training for every algorithm, where updates do not
+    :param stall_updates: updates in a row that do not train (every optimizer step skipped, a non-finite loss logged,
+        or the parameters unchanged at a positive learning rate) before the guard reports a stall, a fault no
+        non-finite parameter shows: ``"raise"`` raises :class:`~sb3_safe.TrainingStalledError`, ``"stop"`` and
+        ``"rollback"`` stop (a rollback cannot fix it). None: never
     :param snapshot_every: least number of environment steps between two full checks of the model state, each
         passing one being the snapshot a rollback or stop restores: the rollback granularity. None: after every
         update of PPO-style algorithms (PPO, KLAdaptivePPO, TRPO, RecurrentPPO, MaskablePPO); every 1,000 steps of
@@ -132,11 +138,14 @@ class NonFiniteGuardCallback(BaseCallback):
         check_gradients: bool = False,
         report_dir: str | None = None,
         collapse_patience: int = DEFAULT_PATIENCE,
+        stall_updates: int | None = DEFAULT_STALL_UPDATES,
         snapshot_every: int | None = None,
         verbose: int = 0,
     ) -> None:
         super().__init__(verbose)
         check_settings(on_nonfinite, lr_decay, max_rollbacks, save_path)
+        self.stall_updates = stall_updates
+        self._stall = StallWatch(stall_updates)
         self.on_nonfinite = on_nonfinite
         self.save_path = save_path
         self.lr_decay = lr_decay
@@ -159,6 +168,9 @@ class NonFiniteGuardCallback(BaseCallback):
         self._storage_checked: set[int] = set()
         self._hooks: list[RemovableHandle] = []
         self._events_at_start = 0
+        self._supervisor: UpdateSupervisor
+        #: whether the supervisor judged an update since the last rollout end
+        self._judged = False
 
     @property
     def n_rollbacks(self) -> int:
@@ -166,7 +178,7 @@ class NonFiniteGuardCallback(BaseCallback):
         return 0 if self._response is None else self._response.n_rollbacks
 
     @property
-    def _stopping(self) -> bool:
+    def stopping(self) -> bool:
         """Whether a stop ends ``learn()``: from now on the model is kept at its restored healthy state."""
         return self._response is not None and self._response.stopping
 
@@ -180,9 +192,19 @@ class NonFiniteGuardCallback(BaseCallback):
         )
         self._snapshots = SnapshotStore(self.model, watched, restorable=self.on_nonfinite != "raise")
         self._locator = FaultLocator(watched)
+        self._supervisor = UpdateSupervisor.of(self.model)
+        self._supervisor.join(self, self.locals.get("callback"))
         self._response = Response(
-            self.model, watched, self._snapshots, self.on_nonfinite, self.lr_decay, self.max_rollbacks, self.save_path
+            self.model,
+            watched,
+            self._snapshots,
+            self.on_nonfinite,
+            self.lr_decay,
+            self.max_rollbacks,
+            self.save_path,
+            on_restore=self._supervisor.note_restore,
         )
+        self._stall = StallWatch(self.stall_updates)
         self._events_at_start = len(self.events)
         self._storage_checked.clear()
         self._others_may_write = other_callbacks_may_write(self.locals.get("callback"), self)
@@ -194,23 +216,22 @@ class NonFiniteGuardCallback(BaseCallback):
             # The environment's fault, not the model's: keep the model as the healthy state a stop saves
             self._check_model("at the start of learn()", report=False)
             self._handle(self._locator.in_first_observation(first_obs))
-        if self._stopping:
+        if self.stopping:
             # No env step comes before the first rollout's forward pass, which would use what was found
             off_policy = isinstance(self.model, OffPolicyAlgorithm)
             setattr(self.model, "collect_rollouts", EndCollection(off_policy))  # noqa: B010  (BaseAlgorithm has none)
         self.exploration.after_update(self.model)
 
     def _on_rollout_start(self) -> None:
-        if self._stopping:
+        # After an update the supervisor calls judge_kept_update (once the adaptive learning rate judged it)
+        self._supervisor.after_update()
+        if self.stopping:
             self._snapshots.restore()
-            return
-        if self._cadence.due_at_rollout_start(self.model):
-            self._check_model(f"after train() (n_updates={getattr(self.model, '_n_updates', None)})")
-        else:
+        elif not self._judged:
             self._check_live_model("at the start of a rollout")
 
     def _on_step(self) -> bool:
-        if self._stopping:
+        if self.stopping:
             return False
         locals_ = self.locals
         new_obs, rewards, actions = locals_["new_obs"], locals_["rewards"], self._watched.step_actions(locals_)
@@ -219,25 +240,21 @@ class NonFiniteGuardCallback(BaseCallback):
         if not self._watched.step_is_finite(new_obs, rewards, actions, terminal):
             fault = self._locator.in_step(new_obs, rewards, actions, terminal)
             self._handle(fault)
-            if fault.source == NORMALIZATION and not self._stopping:  # rolled back
+            if fault.source == NORMALIZATION and not self.stopping:  # rolled back
                 renormalize_step(self._watched.vec_normalize, new_obs, rewards)
-        return not self._stopping
+        return not self.stopping
 
     def _on_rollout_end(self) -> None:
         self._storage_checked.clear()
-        if not self._stopping:
-            # Before train() (and, on-policy, after the last value prediction): what a callback changed in the rollout
-            self._check_live_model("at the end of a rollout, before train()")
-        buffer = getattr(self.model, "rollout_buffer", None)
-        if buffer is not None and not self._stopping and not self._watched.rollout_buffer_is_finite(buffer):
-            self._handle(self._locator.in_rollout_buffer(buffer))
+        self._supervisor.rollout_end()  # calls check_rollout, before the adaptive learning rate's record
         at_bound = self.exploration.after_update(self.model)
         if at_bound is not None:
             self.logger.record("train/log_std_at_bound_fraction", at_bound)
         report.record_counts(self.logger, len(self.events), self.n_rollbacks)
 
     def _on_training_end(self) -> None:
-        if self._stopping:
+        self._supervisor.after_update(at_end=True)
+        if self.stopping:
             self._snapshots.restore()
         elif self._cadence.due_at_training_end(self.model):
             self._check_model("after the last train() of learn()")
@@ -250,10 +267,51 @@ class NonFiniteGuardCallback(BaseCallback):
             report.record_counts(self.logger, len(self.events), self.n_rollbacks)
             self.logger.dump(self.num_timesteps)
 
+    # ----- around one update (called by the supervisor, see sb3_safe.common.supervisor) -----
+
+    def check_rollout(self) -> None:
+        """Before ``train()``: what the update will read (the rollout buffer, and what other callbacks changed)."""
+        self._judged = False
+        self._stall.before_update(self.model)
+        if self.stopping:
+            return
+        # After the last value prediction: what a callback changed in the rollout
+        self._check_live_model("at the end of a rollout, before train()")
+        buffer = getattr(self.model, "rollout_buffer", None)
+        if buffer is not None and not self.stopping and not self._watched.rollout_buffer_is_finite(buffer):
+            self._handle(self._locator.in_rollout_buffer(buffer))
+
+    def judge_kept_update(self, at_end: bool) -> None:
+        """
+        After ``train()`` and any redo of it: whether training stalls, then the full check (when due), whose passing
+        copy is the healthy state.
+
+        :param at_end: at the end of ``learn()`` (else at the start of the next rollout)
+        """
+        self._judged = True
+        if self.stopping:
+            self._snapshots.restore()
+            return
+        stalled = self._stall.after_update(self.model, self.logger)
+        if stalled is not None:
+            self._report_stall(stalled)
+            return
+        n_updates = getattr(self.model, "_n_updates", None)
+        if at_end and self._cadence.due_at_training_end(self.model):
+            self._check_model("after the last train() of learn()", after_update=True)
+        elif not at_end and self._cadence.due_at_rollout_start(self.model):
+            self._check_model(f"after train() (n_updates={n_updates})", after_update=True)
+        elif not at_end:
+            self._check_live_model("at the start of a rollout")
+
+    def _report_stall(self, what: str) -> None:
+        self._handle(Fault(STALL, what, logged_nonfinite_losses(self.logger)), measured=self._stall.measured())
+
     # ----- optimizer hooks -----
 
     def _after_optimizer_step(self, optimizer: th.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        if self._stopping:
+        self._stall.steps += 1
+        if self.stopping:
             # Training is ending at the next env step; keep the rest of this train() from changing the model
             self._snapshots.restore()
             return
@@ -277,12 +335,13 @@ class NonFiniteGuardCallback(BaseCallback):
 
     # ----- the full check -----
 
-    def _check_model(self, phase: str, report: bool = True) -> None:
+    def _check_model(self, phase: str, report: bool = True, after_update: bool = False) -> None:
         """
         Check every stored tensor and the VecNormalize statistics; when healthy, keep them as the snapshot.
 
         :param phase: when, for the report
         :param report: False to only commit a healthy state, reporting nothing (another fault is being reported)
+        :param after_update: after updates: also count whether they changed the parameters (a stall if not)
         """
         snapshot, finite = self._snapshots.copy_and_test()
         if not finite:
@@ -292,8 +351,15 @@ class NonFiniteGuardCallback(BaseCallback):
             if report:
                 self._handle(self._locator.in_vec_normalize(phase))
         else:
+            healthy = self._snapshots.healthy
+            stalled = None
+            if after_update and healthy is not None:
+                unchanged = snapshot.flat.equal_to(healthy.flat, self._watched.parameter_names)
+                stalled = self._stall.after_full_check(unchanged, current_learning_rate(self.model))
             self._snapshots.commit(snapshot)
             self._cadence.passed(self.model)
+            if stalled is not None:
+                self._report_stall(stalled)
 
     def _check_live_model(self, phase: str) -> None:
         """
@@ -305,11 +371,12 @@ class NonFiniteGuardCallback(BaseCallback):
 
     # ----- reacting -----
 
-    def _handle(self, fault: Fault) -> None:
-        """Respond to non-finite values (raise, stop or roll back) and report it."""
+    def _handle(self, fault: Fault, measured: str = "") -> None:
+        """Respond to non-finite values or a stall (raise, stop or roll back) and report it."""
         assert self._response is not None
         source, phase, nonfinite = fault
-        event = GuardEvent(self.model.num_timesteps, phase, source, nonfinite, self._snapshots.healthy_statistics())
+        healthy = self._snapshots.healthy_statistics()
+        event = GuardEvent(self.model.num_timesteps, phase, source, nonfinite, healthy, measured=measured)
         event.action, outcome = self._response.respond(source)
         event.message = report.compose(event, outcome)
         self.events.append(event)
@@ -317,7 +384,7 @@ class NonFiniteGuardCallback(BaseCallback):
         report.publish(event, self.logger, self.report_dir)
         if event.action == "raise":
             self._detach_hooks()
-            raise NonFiniteError(event.message)
+            raise (TrainingStalledError if source == STALL else NonFiniteError)(event.message)
         if event.action == "stop":
             self.stop_reason = event.message
 

@@ -17,6 +17,15 @@ class NonFiniteError(FloatingPointError):
     """
 
 
+class TrainingStalledError(NonFiniteError):
+    """
+    Training runs but no longer learns: every optimizer step of many updates in a row was skipped, a loss was
+    non-finite at each of them, or they left the parameters unchanged (raised by
+    :class:`~sb3_safe.NonFiniteGuardCallback` in ``"raise"`` mode). A :class:`NonFiniteError`, so that code catching
+    those catches it too.
+    """
+
+
 def count_nonfinite(tensor: th.Tensor) -> tuple[int, int, int]:
     """
     Count the bad elements of a tensor.
@@ -328,6 +337,21 @@ class FlatCopy:
                 if best is None or not value <= best[1]:
                     best = (name, value)
         return best
+
+    def equal_to(self, other: "FlatCopy", names: Container[str]) -> bool:
+        """
+        Whether the tensors called ``names`` hold the same values here and in ``other`` (a copy of the same model).
+
+        :param other: another copy
+        :param names: the tensors to compare (e.g. the parameters)
+        """
+        theirs = dict(zip(other.names, other.views, strict=True))
+        for name, view in zip(self.names, self.views, strict=True):
+            if name in names:
+                other_view = theirs.get(name)
+                if other_view is None or not th.equal(view, other_view):
+                    return False
+        return True
 
     def get(self, name: str) -> th.Tensor | None:
         """

@@ -83,6 +83,17 @@ def normalize_advantages(advantages: th.Tensor, epsilon: float = 1e-8) -> th.Ten
     return centered / (centered.std() + epsilon)
 
 
+def read_from_zero_past_the_end(model: BaseAlgorithm) -> None:
+    """
+    Clamp the model's training progress at 0, from ``_update_current_progress_remaining``: SB3's goes below 0 when the
+    last rollout ends past the budget (not a multiple of the rollout), where a linear schedule turns negative (a
+    learning rate that climbs the loss, an inverted clip range); every schedule is read at 0 there instead.
+
+    :param model: the algorithm, its progress just updated
+    """
+    model._current_progress_remaining = max(0.0, model._current_progress_remaining)
+
+
 def write_last_update_statistics(model: BaseAlgorithm, log_interval: int | None) -> None:
     """
     Write what the last ``train()`` recorded (``train/kl_beta``, ``train/skipped_updates``, ...) when ``learn()`` ends.

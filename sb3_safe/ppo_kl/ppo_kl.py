@@ -14,12 +14,17 @@ from stable_baselines3.common.type_aliases import GymEnv, MaybeCallback, Schedul
 from stable_baselines3.common.utils import explained_variance
 from torch.nn import functional as F
 
-from sb3_safe.common.adaptive_lr import check_adaptive_lr, with_adaptive_lr
+from sb3_safe.common.adaptive_lr import ADAPTIVE_LR_CALLBACK, check_adaptive_lr, with_adaptive_lr
 from sb3_safe.common.buffers import KLDictRolloutBuffer, KLDictRolloutBufferSamples, KLRolloutBuffer, KLRolloutBufferSamples
 from sb3_safe.common.checkpoints import continue_stock_checkpoint
 from sb3_safe.common.kl import analytic_kl, approx_kl, clamp_log_ratio, has_analytic_kl
 from sb3_safe.common.policies import SafeActorCriticPolicy, SafeCnnPolicy, SafeMultiInputPolicy
-from sb3_safe.common.updates import GuardedOptimizerStep, normalize_advantages, write_last_update_statistics
+from sb3_safe.common.updates import (
+    GuardedOptimizerStep,
+    normalize_advantages,
+    read_from_zero_past_the_end,
+    write_last_update_statistics,
+)
 
 SelfKLAdaptivePPO = TypeVar("SelfKLAdaptivePPO", bound="KLAdaptivePPO")
 
@@ -90,8 +95,9 @@ class KLAdaptivePPO(PPO):
         "MultiInputPolicy": SafeMultiInputPolicy,
     }
     rollout_buffer: KLRolloutBuffer
-    #: Restored by NonFiniteGuardCallback's rollback: an update that failed may have adapted beta to a diverged KL
-    rollback_attributes: ClassVar[tuple[str, ...]] = ("kl_beta",)
+    #: Restored with the state before an update (a rollback, an undo): an update that failed may have adapted beta to a
+    #: diverged KL, and the skip counts describe the kept updates
+    rollback_attributes: ClassVar[tuple[str, ...]] = ("kl_beta", "guarded_step")
 
     def __init__(
         self,
@@ -227,7 +233,11 @@ class KLAdaptivePPO(PPO):
         # a KLRolloutBuffer in PPO's hands would never be attached to the policy
         if self.rollout_buffer_class in (KLRolloutBuffer, KLDictRolloutBuffer):
             excluded.append("rollout_buffer_class")
-        return excluded
+        return [*excluded, ADAPTIVE_LR_CALLBACK]
+
+    def _update_current_progress_remaining(self, num_timesteps: int, total_timesteps: int) -> None:
+        super()._update_current_progress_remaining(num_timesteps, total_timesteps)
+        read_from_zero_past_the_end(self)
 
     def _mean_kl_to_old(
         self, rollout_data: KLRolloutBufferSamples | KLDictRolloutBufferSamples, log_prob: th.Tensor | None = None
@@ -375,7 +385,7 @@ class KLAdaptivePPO(PPO):
     ) -> SelfKLAdaptivePPO:
         super().learn(
             total_timesteps=total_timesteps,
-            callback=with_adaptive_lr(callback, self.adaptive_lr),
+            callback=with_adaptive_lr(self, callback),
             log_interval=log_interval,
             tb_log_name=tb_log_name,
             reset_num_timesteps=reset_num_timesteps,

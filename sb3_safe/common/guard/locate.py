@@ -16,15 +16,15 @@ from sb3_safe.common.guard.snapshot import Snapshot
 from sb3_safe.common.guard.watch import Observation, WatchedModel
 from sb3_safe.common.numerics import NonFiniteTensor, find_nonfinite
 
-#: The sources of a non-finite value
-MODEL, NORMALIZATION, ENVIRONMENT, ROLLOUT = "model", "normalization", "environment", "rollout"
+#: The sources of a non-finite value, and of a stall (training that runs but no longer learns)
+MODEL, NORMALIZATION, ENVIRONMENT, ROLLOUT, STALL = "model", "normalization", "environment", "rollout", "stall"
 
 
 class Fault(NamedTuple):
     """
     Non-finite values found by a check.
 
-    :param source: :data:`MODEL`, :data:`NORMALIZATION`, :data:`ENVIRONMENT` or :data:`ROLLOUT`
+    :param source: :data:`MODEL`, :data:`NORMALIZATION`, :data:`ENVIRONMENT`, :data:`ROLLOUT` or :data:`STALL`
     :param phase: when in the training loop, e.g. ``optimizer step of policy.optimizer in train()``
     :param nonfinite: the non-finite tensors, most likely cause first
     """

@@ -12,7 +12,7 @@ from typing import Any
 
 from stable_baselines3.common.logger import WARN, Logger
 
-from sb3_safe.common.guard.locate import ENVIRONMENT, MODEL, NORMALIZATION, ROLLOUT
+from sb3_safe.common.guard.locate import ENVIRONMENT, MODEL, NORMALIZATION, ROLLOUT, STALL
 from sb3_safe.common.numerics import NonFiniteTensor
 
 REPORT_FILENAME = "nonfinite_guard.jsonl"
@@ -41,6 +41,12 @@ _CAUSES = {
         "(sb3_safe's SafeMlpPolicy), lower the learning rate, scale the rewards. "
         "Data already collected cannot be rolled back."
     ),
+    STALL: (
+        "Likely causes: rewards of a scale whose value loss overflows or swamps the gradient (scale them: wrap the env "
+        "in VecNormalize(norm_reward=True), or divide the reward in a wrapper), a non-finite loss at every update "
+        "from the data, a learning rate of 0 or too small to move float32 weights. A rollback cannot fix a stall: the "
+        "next updates would read the same data."
+    ),
 }
 
 
@@ -63,6 +69,7 @@ class GuardEvent:
     :param healthy: statistics of the last healthy state (timestep, largest |param|, grad norm, log-std range)
     :param action: what the guard did: ``"raise"``, ``"stop"`` or ``"rollback"``
     :param message: the full explanation, as raised or logged
+    :param measured: what was measured beyond the non-finite tensors (a stall's rollout statistics), or ""
     """
 
     timestep: int
@@ -72,6 +79,7 @@ class GuardEvent:
     healthy: dict[str, Any]
     action: str = ""
     message: str = ""
+    measured: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         """The event as JSON-serializable data."""
@@ -83,6 +91,7 @@ class GuardEvent:
             "healthy": self.healthy,
             "action": self.action,
             "message": self.message,
+            "measured": self.measured,
         }
 
 
@@ -94,10 +103,15 @@ def compose(event: GuardEvent, outcome: str) -> str:
     :param outcome: what the guard did, as a sentence
     """
     shown = event.nonfinite[:_SHOWN]
-    lines = [f"Non-finite values at timestep {event.timestep} ({event.phase}):"]
+    if event.source == STALL:
+        lines = [f"Training stalled at timestep {event.timestep}: {event.phase}" + (":" if shown else ".")]
+    else:
+        lines = [f"Non-finite values at timestep {event.timestep} ({event.phase}):"]
     lines += [f"  {bad}" for bad in shown]
     if len(event.nonfinite) > len(shown):
         lines.append(f"  ... and {len(event.nonfinite) - len(shown)} more")
+    if event.measured:
+        lines.append(event.measured)
     lines.append(describe_statistics(event.healthy))
     lines.append(_CAUSES[event.source])
     lines.append(outcome)
@@ -154,10 +168,11 @@ def publish(event: GuardEvent, logger: Logger, report_dir: str | None) -> None:
     :param logger: the model's logger
     :param report_dir: the folder asked for (see :func:`report_folder`)
     """
-    # Never silent: a stop looks like a finished run, a rollback like a healthy one, whatever verbose is
-    logger.log(event.message, level=WARN)
-    # stacklevel 2: the warning points at the callback that handled the event, the caller
-    warnings.warn(event.message, NonFiniteGuardWarning, stacklevel=2)
+    if event.action != "raise":  # raised, the exception carries the message: once
+        # Never silent: a stop looks like a finished run, a rollback like a healthy one, whatever verbose is
+        logger.log(event.message, level=WARN)
+        # stacklevel 2: the warning points at the callback that handled the event, the caller
+        warnings.warn(event.message, NonFiniteGuardWarning, stacklevel=2)
     folder = report_folder(report_dir, logger)
     os.makedirs(folder, exist_ok=True)
     with open(os.path.join(folder, REPORT_FILENAME), "a", encoding="utf-8") as file:

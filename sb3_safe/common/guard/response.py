@@ -3,13 +3,14 @@ The response policy: what the guard does about a located fault (raise, stop or r
 """
 
 import os
+from collections.abc import Callable
 from typing import Any, Literal, get_args
 
 import numpy as np
 from stable_baselines3.common.base_class import BaseAlgorithm
 from stable_baselines3.common.type_aliases import RolloutReturn
 
-from sb3_safe.common.guard.locate import ENVIRONMENT, MODEL, NORMALIZATION
+from sb3_safe.common.guard.locate import ENVIRONMENT, MODEL, NORMALIZATION, STALL
 from sb3_safe.common.guard.snapshot import SnapshotStore
 from sb3_safe.common.guard.watch import WatchedModel
 from sb3_safe.common.schedules import learning_rate_scale, scale_learning_rate
@@ -88,6 +89,7 @@ class Response:
     :param lr_decay: factor applied to the learning rate at each rollback
     :param max_rollbacks: rollbacks allowed over the model's whole training before stopping instead
     :param save_path: where a stop saves the restored model, or None
+    :param on_restore: called when a rollback or a stop restored a state (the update in progress is replaced)
     """
 
     def __init__(
@@ -99,6 +101,7 @@ class Response:
         lr_decay: float,
         max_rollbacks: int,
         save_path: str | None,
+        on_restore: Callable[[], None] | None = None,
     ) -> None:
         self.model = model
         self.watched = watched
@@ -107,6 +110,7 @@ class Response:
         self.lr_decay = lr_decay
         self.max_rollbacks = max_rollbacks
         self.save_path = save_path
+        self.on_restore = on_restore
         #: rollbacks over the model's whole training, read back from the model
         self.n_rollbacks = int(getattr(model, ROLLBACKS_ATTRIBUTE, 0))
         #: whether a stop ends ``learn()`` (from the next env step on)
@@ -128,6 +132,8 @@ class Response:
         reason = ""
         if self.on_nonfinite == "rollback" and source == ENVIRONMENT:
             reason = "environment data cannot be rolled back"
+        elif self.on_nonfinite == "rollback" and source == STALL:
+            reason = "a rollback cannot fix a stall"
         elif self.on_nonfinite == "rollback" and source not in RESTORABLE:
             reason = "data already collected cannot be rolled back"
         elif self.on_nonfinite == "rollback" and has_healthy:
@@ -138,6 +144,7 @@ class Response:
         healthy = self.snapshots.healthy
         assert healthy is not None
         self.snapshots.restore()
+        self._restored()
         self.n_rollbacks += 1
         setattr(self.model, ROLLBACKS_ATTRIBUTE, self.n_rollbacks)
         # At most the healthy state's learning rate (an adaptive learning rate may have raised it since), times
@@ -156,10 +163,15 @@ class Response:
         if healthy is None:
             return f"Stopping training{why}; no healthy state was recorded, so the model is left as it is."
         self.snapshots.restore()
+        self._restored()
         where = "restored in memory"
         if self.save_path is not None:
             where = self._save(self.save_path)
         return f"Stopping training{why}; the last healthy model (timestep {healthy.timestep}) was {where}."
+
+    def _restored(self) -> None:
+        if self.on_restore is not None:
+            self.on_restore()
 
     def _save(self, save_path: str) -> str:
         """Save the restored model (and VecNormalize); a failure is reported in the message, never hides the fault."""

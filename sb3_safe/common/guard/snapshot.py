@@ -16,7 +16,10 @@ from stable_baselines3.common.running_mean_std import RunningMeanStd
 
 from sb3_safe.common.guard.watch import WatchedModel
 from sb3_safe.common.numerics import FlatCopy
-from sb3_safe.common.schedules import learning_rate_scale
+from sb3_safe.common.schedules import apply_learning_rate, learning_rate_scale
+
+#: What counts the updates a state has seen: restored with it, so that the counts describe the kept updates
+COUNTERS = ("_n_updates",)
 
 
 def _copy_obs_rms(obs_rms: RunningMeanStd | dict[str, RunningMeanStd]) -> RunningMeanStd | dict[str, RunningMeanStd]:
@@ -71,7 +74,7 @@ class Snapshot:
         venv = watched.vec_normalize
         if venv is not None and not lean:
             self.vec_normalize = (_copy_obs_rms(venv.obs_rms), venv.ret_rms.copy(), venv.returns.copy())
-        names = getattr(model, "rollback_attributes", ())
+        names = [*getattr(model, "rollback_attributes", ()), *(name for name in COUNTERS if hasattr(model, name))]
         self.attributes = {name: copy.deepcopy(getattr(model, name)) for name in names}
 
     def restore(self, model: BaseAlgorithm, watched: WatchedModel) -> None:
@@ -90,7 +93,8 @@ class Snapshot:
                 # Its tensors are the live ones, which the flat copy just restored
                 optimizer.state[param] = dict(state)
             for group, hyperparameters in zip(optimizer.param_groups, groups, strict=True):
-                group.update(hyperparameters)
+                # Not the learning rate: the schedule's scale owns it (set below), a rollback or a redo changes it
+                group.update({key: value for key, value in hyperparameters.items() if key != "lr"})
             # Gradients of the failed step must not leak into the next one
             optimizer.zero_grad(set_to_none=True)
         if self.vec_normalize is not None:
@@ -100,6 +104,7 @@ class Snapshot:
             watched.vec_normalize.returns = returns.copy()
         for name, value in self.attributes.items():
             setattr(model, name, copy.deepcopy(value))
+        apply_learning_rate(model, [optimizer for _, optimizer in watched.optimizers])
 
     def statistics(self, watched: WatchedModel) -> dict[str, Any]:
         """

@@ -66,6 +66,8 @@ class WatchedModel:
         for name, value in self.variables:
             self.param_names.setdefault(value, name)
         self.log_std_names = [name for name in self.param_names.values() if name.endswith(".log_std")]
+        #: the names of the parameters (and torch variables)
+        self.parameter_names = set(self.param_names.values())
         self.gradient_norm = GradientNorm(self.param_names)
         #: the VecNormalize wrapper of the training env, or None
         self.vec_normalize: Any = model.get_vec_normalize_env()
