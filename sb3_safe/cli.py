@@ -117,12 +117,14 @@ def _zoo(args: argparse.Namespace) -> int:
         from sb3_safe import zoo
     except ImportError as error:
         return _fail(args.command, f"needs rl_zoo3 and optuna, pip install 'sb3-safe[zoo]' ({error})")
+    from sb3_safe.loading import RefusedFileError
+
     try:
         if args.command == "enjoy":
-            zoo.enjoy(args.zoo_args)
+            zoo.enjoy(args.zoo_args, trust=args.trust)
             return 0
-        report = zoo.train(args.zoo_args, report=not args.no_report)
-    except zoo.ZooUsageError as error:
+        report = zoo.train(args.zoo_args, report=not args.no_report, trust=args.trust)
+    except (zoo.ZooUsageError, RefusedFileError) as error:
         return _fail(args.command, str(error))
     if report is not None:
         print(report.summary())
@@ -142,6 +144,14 @@ def _add_zoo_command(
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("-h", "--help", action="store_true", help="show this help and rl_zoo3's options, then exit")
+    parser.add_argument(
+        "--trust",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="a module (or package) of your own whose classes the loaded model may name, e.g. a features extractor "
+        "(repeatable; as doctor's)",
+    )
     parser.set_defaults(handler=_zoo, passthrough=True, format_help=parser.format_help)
     return parser
 
@@ -160,8 +170,10 @@ def _add_train(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]"
             "the other stock algorithms use rl_zoo3's own.\n"
             "After training (not -optimize) the saved model is evaluated for --eval-episodes episodes and\n"
             "the training returns are plotted to learning_curve.png next to it.\n"
+            "A model continued with -i (and its vecnormalize.pkl, replay_buffer.pkl) is loaded as sb3_safe.load\n"
+            "loads it: refused if its pickles name or call more than SB3 files need (--trust MODULE: your own).\n"
             "Exit status: 0 done, 2 bad input (an option, the configuration file, a hyperparameter, the trial\n"
-            "of --trial-id), with one line on stderr, before training starts."
+            "of --trial-id, a refused model), with one line on stderr, before training starts."
         ),
     )
     parser.add_argument("--no-report", action="store_true", help="skip the final evaluation and the learning-curve plot")
@@ -175,8 +187,12 @@ def _add_enjoy(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]"
         description=(
             "Run rl-baselines3-zoo's enjoy (python -m rl_zoo3.enjoy) with kl_ppo and safe_a2c registered:\n"
             "load the model that `sb3-safe train` saved in the log folder (-f) and run or render it.\n"
+            "The model and its vecnormalize.pkl are loaded as sb3_safe.load loads them: refused if their pickles\n"
+            "name or call more than SB3 files need (--trust MODULE: your own classes). Not checked: the run's\n"
+            "config.yml and args.yml, which rl_zoo3 reads with yaml's unsafe loader.\n"
             "Every rl_zoo3.enjoy option is accepted (listed below).\n"
-            "Exit status: 0 done, 2 bad input (an option, no saved model where -f points), with one line on stderr."
+            "Exit status: 0 done, 2 bad input (an option, no saved model where -f points, a refused model), with\n"
+            "one line on stderr."
         ),
     )
 

@@ -20,6 +20,7 @@ from rl_zoo3.utils import StoreDict
 from stable_baselines3.common.base_class import BaseAlgorithm
 from stable_baselines3.common.callbacks import BaseCallback
 
+from sb3_safe.loading import RefusedFileError
 from sb3_safe.zoo.checks import LOG_FOLDER, MissingSavedModel, check_algo, check_env, find_saved_model
 from sb3_safe.zoo.config_errors import SETUP_ERRORS, check_hyperparam_types, explain_config_error
 from sb3_safe.zoo.errors import ZooUsageError, one_line
@@ -124,7 +125,7 @@ class _CheckedExperimentManager(ExperimentManager):
             if new_run:
                 # rl_zoo3 creates the run folder before the model: enjoy would take the empty one for the latest run
                 shutil.rmtree(self.save_path, ignore_errors=True)
-            if isinstance(error, ZooUsageError):
+            if isinstance(error, ZooUsageError | RefusedFileError):
                 raise
             raise ZooUsageError(explain_config_error(error, self.algo)) from error
 

@@ -3,6 +3,7 @@ The entry points of ``sb3-safe train`` and ``sb3-safe enjoy``: rl_zoo3's own ``t
 algorithms registered, after the checks of their input, and for ``train`` followed by the run's report.
 """
 
+import contextlib
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import rl_zoo3.train
 from huggingface_sb3 import EnvironmentName
 from rl_zoo3.enjoy import enjoy as zoo_enjoy
 
+from sb3_safe.loading import secure_reading
 from sb3_safe.zoo.checks import check_config_file, check_trained_agent
 from sb3_safe.zoo.command import checked_options, rl_zoo3_command
 from sb3_safe.zoo.config_errors import explained_config_errors
@@ -22,7 +24,7 @@ def _run_folders(folder: str, algo: str, env_id: str) -> set[Path]:
     return {path for path in Path(folder, algo).glob(f"{EnvironmentName(env_id)}_*") if path.is_dir()}
 
 
-def train(zoo_args: Sequence[str], report: bool = True) -> RunReport | None:
+def train(zoo_args: Sequence[str], report: bool = True, trust: Sequence[str] = ()) -> RunReport | None:
     """
     Run rl_zoo3's trainer (``python -m rl_zoo3.train``) with sb3-safe's algorithms registered.
 
@@ -34,8 +36,11 @@ def train(zoo_args: Sequence[str], report: bool = True) -> RunReport | None:
     :param zoo_args: ``rl_zoo3.train``'s command-line arguments
     :param report: after a training run (not ``-optimize``), write a learning-curve PNG next to the saved
         model and evaluate the model for ``--eval-episodes`` episodes
+    :param trust: modules (or packages) of your own whose classes the model of ``-i`` may name
     :return: the report, or None without one
     :raises ZooUsageError: bad input, in one line
+    :raises RefusedFileError: for a model of ``-i`` (or its VecNormalize statistics, its replay buffer) whose pickles
+        name or call more than SB3 files need: it is loaded as by :func:`sb3_safe.load`
     """
     options = checked_options("train", zoo_args)
     zoo_args = list(zoo_args)
@@ -53,7 +58,9 @@ def train(zoo_args: Sequence[str], report: bool = True) -> RunReport | None:
         # A database: its tables are created here, before rl_zoo3 opens it, and a bad URL fails in one line
         open_storage(options.storage)
     runs_before = _run_folders(options.folder, options.algo, options.env)
-    with rl_zoo3_command("sb3-safe train", zoo_args), explained_config_errors(options.algo):
+    # -i: the model, its statistics and replay buffer are read as sb3_safe.load reads them
+    reading = secure_reading(trust) if options.trained_agent else contextlib.nullcontext()
+    with rl_zoo3_command("sb3-safe train", zoo_args), explained_config_errors(options.algo), reading:
         rl_zoo3.train.train()
     if options.optimize or not report:
         return None
@@ -65,13 +72,16 @@ def train(zoo_args: Sequence[str], report: bool = True) -> RunReport | None:
     return report_run(max(trained, key=lambda run: run.stat().st_mtime), options.algo, options.env)
 
 
-def enjoy(zoo_args: Sequence[str]) -> None:
+def enjoy(zoo_args: Sequence[str], trust: Sequence[str] = ()) -> None:
     """
-    Run rl_zoo3's ``enjoy`` (``python -m rl_zoo3.enjoy``) with sb3-safe's algorithms registered.
+    Run rl_zoo3's ``enjoy`` (``python -m rl_zoo3.enjoy``) with sb3-safe's algorithms registered; the model and its
+    VecNormalize statistics are loaded as by :func:`sb3_safe.load`.
 
     :param zoo_args: ``rl_zoo3.enjoy``'s command-line arguments
+    :param trust: modules (or packages) of your own whose classes the model may name
     :raises ZooUsageError: bad options, or no saved model where they point, in one line
+    :raises RefusedFileError: for a model (or statistics) whose pickles name or call more than SB3 files need
     """
     checked_options("enjoy", zoo_args)
-    with rl_zoo3_command("sb3-safe enjoy", zoo_args):
+    with rl_zoo3_command("sb3-safe enjoy", zoo_args), secure_reading(trust):
         zoo_enjoy()
