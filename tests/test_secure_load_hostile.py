@@ -64,13 +64,16 @@ def _audit(event: str, args: tuple[Any, ...]) -> None:
         _events.append((event, args))
 
 
-sys.addaudithook(_audit)  # hooks cannot be removed: this one records only inside _nothing_runs
+@functools.cache
+def _install_audit_hook() -> None:
+    sys.addaudithook(_audit)  # hooks cannot be removed: this one records only inside _nothing_runs, once installed
 
 
 @contextmanager
 def _nothing_runs(canary: Path, opened: Path) -> Iterator[None]:
     """Inside: no process, no code run or compiled, no import, no file opened but ``opened``; and no canary after."""
     global _events
+    _install_audit_hook()
     _events = []
     try:
         yield
@@ -109,6 +112,13 @@ def saved(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     sac.learn(16)
     sac.save_replay_buffer(folder / "buffer.pkl")
     return {"model": folder / "model.zip", "vecnormalize": folder / "vecnormalize.pkl", "buffer": folder / "buffer.pkl"}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _warm(saved: dict[str, Path]) -> None:
+    """A first secure load of the real files: what loading imports on first use (zipfile's cp437 codec) is imported."""
+    sb3_safe.load(PPO, saved["model"], device="cpu")
+    sb3_safe.load_vec_normalize(saved["vecnormalize"], DummyVecEnv([lambda: gym.make("Pendulum-v1")]))
 
 
 class _Callable(Reduce):
@@ -463,8 +473,8 @@ def test_a_stored_function_names_the_custom_objects(tmp_path: Path) -> None:
     error = _refused(lambda: sb3_safe.load(PPO, tmp_path / "lambda.zip"), tmp_path / "canary", tmp_path / "lambda.zip")
     assert error.findings and error.stored_functions == ["learning_rate", "lr_schedule"]
     assert (
-        'data["learning_rate"], data["lr_schedule"] hold a function stored with its code (a lambda or a closure), '
-        'which is not rebuilt: replace it with custom_objects={"learning_rate": ..., "lr_schedule": ...}'
+        'data["learning_rate"], data["lr_schedule"] hold functions stored with their code (lambdas or closures), '
+        'which are not rebuilt: replace them with custom_objects={"learning_rate": ..., "lr_schedule": ...}'
     ) in str(error)
     assert "loading it would run code" not in str(error)
     loaded = sb3_safe.load(PPO, tmp_path / "lambda.zip", custom_objects={"learning_rate": 1e-4, "lr_schedule": None})
@@ -495,3 +505,14 @@ def test_a_file_object_is_read_from_its_start(saved: dict[str, Path]) -> None:
     buffer = io.BytesIO(saved["model"].read_bytes())
     buffer.seek(0, io.SEEK_END)
     assert sb3_safe.load(PPO, buffer, device="cpu").num_timesteps == 16
+
+
+def test_the_audit_check_sees_what_runs(tmp_path: Path) -> None:
+    """The check of _refused fails when a process starts or code is compiled, before any canary exists."""
+    for run in (
+        lambda: subprocess.Popen([sys.executable, "-c", "pass"]).wait(),
+        lambda: os.system("true"),
+        lambda: eval("1 + 1"),
+    ):
+        with pytest.raises(AssertionError), _nothing_runs(tmp_path / "canary", tmp_path / "model.zip"):
+            run()

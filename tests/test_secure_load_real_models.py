@@ -139,6 +139,15 @@ def test_a_stock_checkpoint_continues_as_the_safe_algorithm_loads_it(tmp_path: P
         assert_same_model(stock, secure_load(algorithm, tmp_path / path, device="cpu"))
 
 
+def test_tensors_go_to_the_device(device: str, tmp_path: Path) -> None:
+    from stable_baselines3 import PPO
+
+    PPO("MlpPolicy", "Pendulum-v1", n_steps=16, batch_size=16, policy_kwargs=small()).learn(16).save(tmp_path / "model.zip")
+    secure = secure_load(PPO, tmp_path / "model.zip", device=device)
+    assert secure.device.type == device and all(param.device.type == device for param in secure.policy.parameters())
+    assert_same_model(PPO.load(tmp_path / "model.zip", device=device), secure)
+
+
 def test_vec_normalize_statistics(tmp_path: Path) -> None:
     env = VecNormalize(DummyVecEnv([lambda: gym.make("Pendulum-v1")]), clip_obs=5.0, gamma=0.9)
     env.reset()

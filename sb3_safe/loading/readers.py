@@ -85,9 +85,13 @@ class RefusedFileError(ValueError):
         if self.stored_functions:
             entries = ", ".join(data_item_entry(key) for key in self.stored_functions)
             replacements = ", ".join(printable(f'"{key}": ...') for key in self.stored_functions)
+            what = (
+                "holds a function stored with its code (a lambda or a closure), which is not rebuilt: replace it"
+                if len(self.stored_functions) == 1
+                else "hold functions stored with their code (lambdas or closures), which are not rebuilt: replace them"
+            )
             parts.append(
-                f"{entries} hold a function stored with its code (a lambda or a closure), which is not rebuilt: "
-                f"replace it with custom_objects={{{replacements}}} (a float, or a schedule such as "
+                f"{entries} {what} with custom_objects={{{replacements}}} (a float, or a schedule such as "
                 "stable_baselines3.common.utils.FloatSchedule)"
             )
         if self.problem is not None:
