@@ -22,6 +22,7 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
+import cloudpickle
 import gymnasium as gym
 import pytest
 import torch as th
@@ -479,6 +480,13 @@ def test_a_stored_function_names_the_custom_objects(tmp_path: Path) -> None:
     assert "loading it would run code" not in str(error)
     loaded = sb3_safe.load(PPO, tmp_path / "lambda.zip", custom_objects={"learning_rate": 1e-4, "lr_schedule": None})
     assert loaded.learning_rate == 1e-4 and loaded.lr_schedule(1.0) == 1e-4  # _setup_model rebuilds the schedule
+
+
+def test_a_stored_function_in_a_pickle_file_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "vecnormalize.pkl"
+    path.write_bytes(cloudpickle.dumps(lambda: 0))
+    error = _refused(_load_statistics(path), tmp_path / "canary", path)
+    assert "(vecnormalize.pkl: a function pickled by value, its code stored in the file" in str(error)
 
 
 def test_outside_the_secure_context_sb3_reads_as_ever(saved: dict[str, Path], tmp_path: Path) -> None:

@@ -78,7 +78,9 @@ class RefusedFileError(ValueError):
 
     def _message(self) -> str:
         parts = []
-        code = [finding for finding in self.findings if not finding.builds_code]
+        # The stored functions of data items are named apart, with the custom_objects that replace them
+        stored = {data_item_entry(key) for key in self.stored_functions}
+        code = [finding for finding in self.findings if not (finding.builds_code and finding.entry in stored)]
         if code:
             named = "; ".join(f"{finding.target} ({finding.entry}: {finding.detail})" for finding in code)
             parts.append(f"loading it would run code from {named}")
