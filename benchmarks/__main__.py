@@ -4,9 +4,9 @@ coefficient around rl-zoo's tuned settings), stock SB3 vs sb3-safe in the same r
 
 Usage::
 
-    python -m benchmarks run overhead|learning|stress|robustness|adaptive_lr|critic|all
+    python -m benchmarks run overhead|learning|stress|robustness|adaptive_lr|critic|faults|all
         [--quick | --size tiny|quick|full] [--jobs N] [--out DIR]
-    python -m benchmarks report overhead|learning|stress|robustness|adaptive_lr|critic|all [--out DIR]  # from the JSONL
+    python -m benchmarks report overhead|learning|stress|robustness|adaptive_lr|critic|faults|all [--out DIR]  # from JSONL
 
 Each suite writes ``<out>/<suite>.jsonl`` (a meta row with command, machine, versions and budget, then one row
 per run), ``<out>/<suite>.md`` and PNG plots. Default out: ``benchmarks/results``.
@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-from benchmarks import adaptive_lr, critic, learning, overhead, reports, robustness, stress, suite
+from benchmarks import adaptive_lr, critic, faults, learning, overhead, reports, robustness, stress, suite
 
 SUITES: dict[str, ModuleType] = {
     "overhead": overhead,
@@ -35,6 +35,7 @@ SUITES: dict[str, ModuleType] = {
     "robustness": robustness,
     "adaptive_lr": adaptive_lr,
     "critic": critic,
+    "faults": faults,
 }
 
 

@@ -356,8 +356,8 @@ def test_an_undone_update_restores_the_state_before_it(
 def test_a_redo_cut_holds_for_the_next_updates_only_where_the_kind_keeps_it(algorithm: type[BaseAlgorithm]) -> None:
     batch_size = dict(batch_size=16) if algorithm is PPO else {}
     model = algorithm("MlpPolicy", "CartPole-v1", n_steps=16, learning_rate=5e-3, seed=0, **batch_size)
-    # updates overshoot 2 x 1e-5 and are redone once; no decision on a window
-    callback = KLAdaptiveLRCallback(target_kl=1e-5, undo_above=2.0, max_redos=1, window_steps=10**9)
+    # updates overshoot 2 x 1e-5 and are redone once; no decision on a window; bounds the rate never reaches
+    callback = KLAdaptiveLRCallback(target_kl=1e-5, undo_above=2.0, max_redos=1, window_steps=10**9, lr_bounds=(1e-12, 1.0))
     rates = AtRolloutEnd(current_learning_rate)
     model.learn(16 * 5, callback=[callback, rates])
     starts = rates.values

@@ -379,9 +379,9 @@ class KLAdaptiveLRCallback(BaseCallback):
             cut = self._limited(min(max(math.sqrt(target / kl), 0.1), 0.5))
             if cut >= 1.0:
                 break  # at the lowest learning rate already: a redo would train at the same one
-            self._redo(pending, cut)
             self.redone_updates += 1
             redone = True
+            self._redo(pending, cut)
             if self._supervisor.stopping or self._supervisor.restored:
                 return  # a guard rolled the redo back or stopped training: this update is no longer the one measured
             kl = self._measure(pending)

@@ -204,7 +204,7 @@ class NonFiniteGuardCallback(BaseCallback):
             self.save_path,
             on_restore=self._supervisor.note_restore,
         )
-        self._stall = StallWatch(self.stall_updates)
+        self._stall = StallWatch(self.stall_updates)  # (the count of updates in a row that stalled is the model's)
         self._events_at_start = len(self.events)
         self._storage_checked.clear()
         self._others_may_write = other_callbacks_may_write(self.locals.get("callback"), self)

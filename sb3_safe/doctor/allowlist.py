@@ -95,6 +95,8 @@ CALLABLE = frozenset(
         "stable_baselines3.her.her_replay_buffer.HerReplayBuffer",
         # sb3-safe's
         "sb3_safe.common.schedules.ScaledSchedule",
+        # (a schedule read at progress 0 in an update past the end of training: in a file a stop saves then)
+        "sb3_safe.common.schedules.ReadFromZero",
         "sb3_safe.common.updates.GuardedOptimizerStep",
         # rl_zoo3's "lin_" hyperparameters (sb3-safe train)
         "rl_zoo3.utils.SimpleLinearSchedule",

@@ -18,6 +18,9 @@ from sb3_safe.common.numerics import NonFiniteTensor
 
 #: Updates in a row that stall before the guard reports a stall, by default
 DEFAULT_STALL_UPDATES = 10
+#: Model attribute counting the updates in a row that stalled; saved with the model, so that a run continued in short
+#: learn() calls, saved and loaded in between, is watched as one
+STALLED_UPDATES_ATTRIBUTE = "nonfinite_guard_stalled_updates"
 #: Above this |return| a squared error (the default value loss) overflows float32
 SQUARE_OVERFLOW = math.sqrt(float(np.finfo(np.float32).max))
 
@@ -48,7 +51,6 @@ class StallWatch:
         self.patience = patience
         #: optimizer steps taken since the rollout end
         self.steps = 0
-        self._failing = 0
         self._unchanged = 0
         self._updates_since_check = 0
         self._n_updates: int | None = None
@@ -65,7 +67,7 @@ class StallWatch:
         self.steps = 0
         self._n_updates = getattr(model, "_n_updates", None)
         returns = getattr(getattr(model, "rollout_buffer", None), "returns", None)
-        if (self._failing or self._unchanged) and isinstance(returns, np.ndarray):
+        if (getattr(model, STALLED_UPDATES_ATTRIBUTE, 0) or self._unchanged) and isinstance(returns, np.ndarray):
             buffer = model.rollout_buffer  # type: ignore[attr-defined]
             with np.errstate(over="ignore", invalid="ignore"):
                 self.largest = (float(np.abs(buffer.rewards).max()), float(np.abs(returns).max()))
@@ -82,10 +84,11 @@ class StallWatch:
             return None  # no update ran (off-policy algorithms before learning starts)
         self._updates_since_check += 1
         losses = logged_nonfinite_losses(logger)
-        self._failing = self._failing + 1 if self.steps == 0 or losses else 0
-        if self.patience is None or self._failing < self.patience:
+        failing = getattr(model, STALLED_UPDATES_ATTRIBUTE, 0) + 1 if self.steps == 0 or losses else 0
+        stalled = self.patience is not None and failing >= self.patience
+        setattr(model, STALLED_UPDATES_ATTRIBUTE, 0 if stalled else failing)
+        if not stalled:
             return None
-        self._failing = 0
         if self.steps == 0:
             return f"every optimizer step of the last {self.patience} updates was skipped (a non-finite loss or gradient norm)"
         return f"the loss was not finite in each of the last {self.patience} updates"

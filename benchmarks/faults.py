@@ -1,0 +1,803 @@
+"""
+Randomized fault injection: the guard and the adaptive learning rate as one supervisor of each update (issue 36),
+checked by invariants over scenarios generated from a seed, as Jepsen and Hypothesis's stateful tests check a system
+rather than one case per bug.
+
+A :class:`Scenario` draws from its seed an algorithm (PPO, A2C, KLAdaptivePPO, SafeA2C, MaskablePPO, RecurrentPPO;
+SAC and DQN with the guard alone), the callbacks and their order (the guard, the adaptive learning rate, both in either
+order, ``adaptive_lr=`` plus the guard), the guard's mode, the learning-rate schedule (constant, linear, linear with a
+budget that ends past the schedule's end), 1 or 4 envs, VecNormalize or not, a fault and when it happens (NaN or inf
+in a weight after an optimizer step, NaN in a gradient, NaN in an observation, a terminal observation or a reward; a
+learning rate 100 times too high; rewards times 1e30; none) and whether the model is saved, loaded and continued
+between its two ``learn()`` calls. After each scenario, :func:`check` verifies:
+
+(i) every optimizer step runs at a learning rate >= 0 (inside ``lr_bounds`` with the adaptive learning rate), every
+update at a clip range >= 0; (ii) ``"stop"``: the model in memory equals the one saved, which is the guard's last
+healthy state, loads and trains on; (iii) ``"rollback"``: the restored state is a kept update (one the supervisor
+judged, never an undone one) and the learning-rate scale after it is at most the healthy state's times ``lr_decay``;
+(iv) no non-finite value reaches an optimizer step or a torch distribution unreported (no exception escapes but the
+guard's own in ``"raise"`` mode; a non-finite parameter or gradient at a step has a guard event at that timestep; the
+model at every rollout start is finite); (v) one event and one message per fault (a warning per event that does not
+raise, none when it raises); (vi) a new ``learn()`` and a loaded model run the configured schedule times the saved
+scale, inside the bounds; (vii) the update and skip counts describe the kept updates (an update redone counts once)
+and the redo count is the number of redos.
+
+Usage: ``python -m benchmarks run faults [--size tiny|quick|full]`` (full: 320 scenarios; resumable), or
+``python -m benchmarks.faults 17`` to run and print one scenario. The test suite runs a fixed subset
+(``tests/test_faults.py``).
+"""
+
+import contextlib
+import dataclasses
+import hashlib
+import math
+import random
+import sys
+import tempfile
+import time
+import traceback
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch as th
+
+from benchmarks import reports, suite
+from sb3_safe.common.schedules import current_learning_rate, learning_rate_bounds, learning_rate_scale
+
+ON_POLICY = ("PPO", "A2C", "KLAdaptivePPO", "SafeA2C", "MaskablePPO", "RecurrentPPO")
+OFF_POLICY = ("SAC", "DQN")
+#: sb3-safe's algorithms, which take ``adaptive_lr=``
+WITH_OPTION = ("KLAdaptivePPO", "SafeA2C")
+CALLBACKS = ("guard", "adaptive", "guard+adaptive", "adaptive+guard", "option+guard")
+MODES = ("raise", "stop", "rollback")
+SCHEDULES = ("constant", "linear", "past_end")
+#: Faults injected once (the others, lr_x100 and rewards_1e30, act all along)
+ONCE = ("nan_weight", "inf_weight", "nan_grad", "nan_obs", "nan_terminal_obs", "nan_reward")
+FAULTS = (*ONCE, "lr_x100", "rewards_1e30", "none")
+#: Faults in the environment's data (the guard stops: they cannot be rolled back)
+ENVIRONMENT_FAULTS = ("nan_obs", "nan_terminal_obs", "nan_reward")
+LEARNING_RATE = {"PPO": 1e-3, "KLAdaptivePPO": 1e-3, "MaskablePPO": 1e-3, "RecurrentPPO": 1e-3, "A2C": 2e-3,
+                 "SafeA2C": 2e-3, "SAC": 1e-3, "DQN": 1e-3}  # fmt: skip
+INVARIANTS = ("i", "ii", "iii", "iv", "v", "vi", "vii")
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One scenario, drawn by :meth:`draw` from its seed."""
+
+    seed: int
+    algo: str
+    callbacks: str
+    mode: str
+    schedule: str
+    n_envs: int
+    discrete: bool
+    normalize: bool
+    fault: str
+    #: the optimizer step (weight and gradient faults) or environment step (environment faults) it happens at
+    fault_at: int
+    save_load: bool
+    aggressive_lr: bool
+    lr_decay: float
+    snapshot_every: int | None
+
+    @classmethod
+    def draw(cls, seed: int) -> "Scenario":
+        """The scenario of ``seed``."""
+        rng = random.Random(seed)
+        algo = rng.choice(ON_POLICY + OFF_POLICY)
+        if algo in OFF_POLICY:
+            callbacks = "guard"
+        else:
+            callbacks = rng.choice([c for c in CALLBACKS if c != "option+guard" or algo in WITH_OPTION])
+        guarded = "guard" in callbacks
+        faults = [f for f in FAULTS if algo in ON_POLICY or f not in ("lr_x100", "rewards_1e30")]
+        # Without a guard, nothing reports a non-finite value: only the faults that make none by themselves
+        fault = rng.choice(faults) if guarded else rng.choice(["none", "none", "lr_x100"])
+        if algo == "MaskablePPO" and fault in ("nan_obs", "nan_terminal_obs"):
+            fault = "nan_reward"  # its observations are integers (a Discrete space): a NaN cannot be one
+        discrete = algo in ("DQN", "MaskablePPO") or (algo != "SAC" and rng.random() < 0.4)
+        scenario = cls(
+            seed=seed,
+            algo=algo,
+            callbacks=callbacks,
+            mode=rng.choice(MODES),
+            schedule=rng.choice(SCHEDULES),
+            n_envs=rng.choice([1, 4]) if algo != "SAC" else 1,
+            discrete=discrete,
+            normalize=algo in ON_POLICY and not discrete and rng.random() < 0.3,
+            fault=fault,
+            fault_at=0,
+            save_load=rng.random() < 0.4,
+            aggressive_lr=rng.random() < 0.5,
+            lr_decay=rng.choice([0.5, 0.1]),
+            snapshot_every=rng.choice([None, None, 16]),
+        )
+        # Within the scenario's two learn() calls: its env steps, or its optimizer steps (one per A2C update, four per
+        # PPO update, one per four env steps of the off-policy ones once they learn)
+        first, second = budgets(scenario)
+        if fault in ENVIRONMENT_FAULTS:
+            last = first + second
+        else:
+            last = {"A2C": 10, "SafeA2C": 10, "SAC": 20, "DQN": 20}.get(algo, 40)
+        return dataclasses.replace(scenario, fault_at=rng.randint(2, last))
+
+    @property
+    def adaptive(self) -> bool:
+        return "adaptive" in self.callbacks or "option" in self.callbacks
+
+    @property
+    def guarded(self) -> bool:
+        return "guard" in self.callbacks
+
+
+# ----- the environment and its faults -----
+
+
+class EnvFault(gym.Wrapper):
+    """
+    NaN in the observation, the terminal observation (the episode is cut there) or the reward of one env step,
+    counted over all the envs of a VecEnv (they share ``counter``, whose second entry says whether it fired).
+    """
+
+    def __init__(self, env: gym.Env, kind: str, at: int, counter: list[int]) -> None:
+        super().__init__(env)
+        self.kind, self.at, self.counter = kind, at, counter
+
+    def step(self, action: Any) -> tuple[Any, Any, bool, bool, dict[str, Any]]:
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        self.counter[0] += 1
+        if self.counter[0] == self.at:
+            self.counter[1] = 1
+            obs = np.array(obs, dtype=np.float32)
+            if self.kind == "nan_reward":
+                reward = math.nan
+            else:
+                obs.flat[0] = math.nan
+                truncated = truncated or self.kind == "nan_terminal_obs"
+        return obs, reward, terminated, truncated, info
+
+    def action_masks(self) -> np.ndarray:
+        return self.env.get_wrapper_attr("action_masks")()
+
+
+class ScaleReward(gym.RewardWrapper):
+    def __init__(self, env: gym.Env, scale: float) -> None:
+        super().__init__(env)
+        self.scale = scale
+
+    def reward(self, reward: float) -> float:
+        return reward * self.scale
+
+
+def make_env(scenario: Scenario, counter: list[int]) -> Any:
+    """
+    The scenario's vectorized environment, with its fault (one per scenario: the envs share ``counter``, [steps,
+    fired]).
+    """
+    from sb3_contrib.common.envs import InvalidActionEnvDiscrete
+    from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.vec_env import VecNormalize
+
+    def wrap(env: gym.Env) -> gym.Env:
+        if scenario.fault in ENVIRONMENT_FAULTS:
+            env = EnvFault(env, scenario.fault, scenario.fault_at, counter)
+        if scenario.fault == "rewards_1e30":
+            env = ScaleReward(env, 1e30)
+        return env
+
+    if scenario.algo == "MaskablePPO":
+        env_id: Any = lambda: InvalidActionEnvDiscrete(dim=10, n_invalid_actions=4)  # noqa: E731
+    else:
+        env_id = "CartPole-v1" if scenario.discrete else "Pendulum-v1"
+    env = make_vec_env(env_id, n_envs=scenario.n_envs, seed=scenario.seed, wrapper_class=wrap)
+    return VecNormalize(env) if scenario.normalize else env
+
+
+# ----- the model -----
+
+
+def configured_schedule(scenario: Scenario) -> Callable[[float], float]:
+    """The learning-rate schedule the scenario configures (before any scaling)."""
+    from rl_zoo3.utils import linear_schedule
+
+    rate = LEARNING_RATE[scenario.algo] * (100.0 if scenario.fault == "lr_x100" else 1.0)
+    if scenario.schedule == "constant":
+        return lambda _: rate
+    return linear_schedule(rate)
+
+
+def rollout_size(scenario: Scenario) -> int:
+    """Environment steps per update (on-policy) or per ``train_freq`` (off-policy)."""
+    if scenario.algo in OFF_POLICY:
+        return 4
+    if scenario.algo in ("A2C", "SafeA2C"):
+        return 8 * scenario.n_envs
+    return 16 * scenario.n_envs
+
+
+def build(scenario: Scenario, env: Any) -> Any:
+    """The scenario's model (tiny networks, CPU)."""
+    from sb3_contrib import MaskablePPO, RecurrentPPO
+    from stable_baselines3 import A2C, DQN, PPO, SAC
+
+    from sb3_safe import KLAdaptivePPO, SafeA2C, SafeMaskableMlpPolicy, SafeMlpLstmPolicy, SafeMlpPolicy
+
+    common: dict[str, Any] = dict(learning_rate=configured_schedule(scenario), seed=scenario.seed, device="cpu", verbose=0)
+    small = dict(net_arch=[16])
+    algo = scenario.algo
+    if algo in OFF_POLICY:
+        cls: Any = SAC if algo == "SAC" else DQN
+        return cls("MlpPolicy", env, learning_starts=16, batch_size=16, train_freq=4, policy_kwargs=small, **common)
+    n_steps = rollout_size(scenario) // scenario.n_envs
+    if algo in ("A2C", "SafeA2C"):
+        kwargs: dict[str, Any] = dict(n_steps=n_steps)
+    else:
+        kwargs = dict(n_steps=n_steps, batch_size=rollout_size(scenario) // 2, n_epochs=2)
+    if algo in WITH_OPTION and scenario.callbacks == "option+guard":
+        kwargs["adaptive_lr"] = adaptive_lr_settings(scenario)
+    if algo == "KLAdaptivePPO":
+        return KLAdaptivePPO("MlpPolicy", env, policy_kwargs=small, **kwargs, **common)
+    if algo == "SafeA2C":
+        return SafeA2C("MlpPolicy", env, policy_kwargs=small, **kwargs, **common)
+    policy: Any = {"PPO": SafeMlpPolicy, "A2C": SafeMlpPolicy, "MaskablePPO": SafeMaskableMlpPolicy}.get(algo)
+    if algo == "RecurrentPPO":
+        policy, small = SafeMlpLstmPolicy, dict(net_arch=[16], lstm_hidden_size=16)
+    if scenario.seed % 3 == 0 and algo in ("PPO", "A2C"):
+        policy = "MlpPolicy"  # stock policies too
+    cls = {"PPO": PPO, "A2C": A2C, "MaskablePPO": MaskablePPO, "RecurrentPPO": RecurrentPPO}[algo]
+    return cls(policy, env, policy_kwargs=small, **kwargs, **common)
+
+
+def adaptive_lr_settings(scenario: Scenario) -> dict[str, Any]:
+    """The adaptive learning rate's arguments: its defaults, or a target that makes it undo and redo often."""
+    if scenario.aggressive_lr:
+        return dict(target_kl=1e-4, undo_above=2.0, window_steps=32)
+    return {}
+
+
+# ----- instrumentation -----
+
+
+def state_hash(model: Any) -> str:
+    """A hash of the model's parameters (what a kept or a restored state is compared by)."""
+    digest = hashlib.blake2b(digest_size=16)
+    for tensor in model.policy.state_dict().values():
+        digest.update(tensor.detach().cpu().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def parameters_finite(model: Any) -> bool:
+    return all(bool(th.isfinite(p).all()) for p in model.policy.parameters())
+
+
+@dataclass
+class Record:
+    """What the instruments saw during a scenario."""
+
+    #: (timestep, learning rate, the adaptive lr's bounds or None) at every optimizer step
+    steps: list[tuple[int, float, tuple[float, float] | None]] = field(default_factory=list)
+    #: timesteps at which an optimizer step saw a non-finite parameter or gradient
+    nonfinite_at_step: list[int] = field(default_factory=list)
+    clip_ranges: list[float] = field(default_factory=list)
+    #: hashes of the states the supervisor kept (at every rollout start, at every learn()'s start)
+    kept: set[str] = field(default_factory=set)
+    #: (restored hash, was it kept then, scale after, healthy scale, lr_decay, optimizer's rate, schedule's rate) per
+    #: rollback
+    rollbacks: list[tuple[str, bool, float, float, float, float, float]] = field(default_factory=list)
+    nonfinite_at_rollout_start: int = 0
+    #: what the update after a rollback was judged to keep, against the rollback (see Probe.after_judgement)
+    after_rollback: list[str] = field(default_factory=list)
+    #: (n_updates, skip steps taken + skipped) at every rollout start, and whether a rollback came before it
+    counters: list[tuple[int, int | None, bool]] = field(default_factory=list)
+    redo_calls: int = 0
+    fault_fired_at: list[int] = field(default_factory=list)
+    warnings: int = 0
+
+
+class Probe:
+    """
+    The instruments of one scenario: optimizer hooks (the rate and finiteness at each step, the weight and gradient
+    faults) and a callback placed after the sb3-safe callbacks (the kept states, counters, clip ranges).
+    """
+
+    def __init__(self, scenario: Scenario, record: Record) -> None:
+        self.scenario, self.record = scenario, record
+        self.model: Any = None
+        self.adaptive: Any = None
+        self.steps = 0
+        self.rolled_back = False
+        #: the last rollback's restored state and the highest scale it allows
+        self.last_rollback: tuple[str, float] | None = None
+
+    def attach(self, model: Any, adaptive: Any) -> None:
+        """Hook the model's optimizers (again after a load: new optimizers)."""
+        self.model, self.adaptive = model, adaptive
+        if self.scenario.algo == "SAC":
+            optimizers = [model.actor.optimizer, model.critic.optimizer]
+            optimizers += [model.ent_coef_optimizer] if model.ent_coef_optimizer is not None else []
+        else:
+            optimizers = [model.policy.optimizer]
+        for optimizer in optimizers:
+            optimizer.register_step_pre_hook(self.before_step)
+        optimizers[0].register_step_post_hook(self.after_step)
+
+    def before_step(self, optimizer: th.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        model, record = self.model, self.record
+        injecting = self.scenario.fault == "nan_grad" and self.steps + 1 == self.scenario.fault_at
+        if injecting and optimizer is self._first_optimizer():
+            grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+            if grads:
+                with th.no_grad():
+                    grads[0].view(-1)[0] = math.nan
+                record.fault_fired_at.append(model.num_timesteps)
+        tensors = [p for group in optimizer.param_groups for p in group["params"]]
+        tensors += [p.grad for p in tensors if p.grad is not None]
+        if not all(bool(th.isfinite(t).all()) for t in tensors):
+            record.nonfinite_at_step.append(model.num_timesteps)
+        bounds = self.adaptive.bounds if self.adaptive is not None and self.adaptive.model is model else None
+        record.steps.append((model.num_timesteps, float(optimizer.param_groups[0]["lr"]), bounds))
+
+    def _first_optimizer(self) -> th.optim.Optimizer:
+        return self.model.actor.optimizer if self.scenario.algo == "SAC" else self.model.policy.optimizer
+
+    def after_step(self, optimizer: th.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        self.steps += 1
+        if self.scenario.fault in ("nan_weight", "inf_weight") and self.steps == self.scenario.fault_at:
+            weight = next(iter(p for group in optimizer.param_groups for p in group["params"]))
+            with th.no_grad():
+                weight.view(-1)[0] = math.nan if self.scenario.fault == "nan_weight" else math.inf
+            self.record.fault_fired_at.append(self.model.num_timesteps)
+
+    def callback(self) -> Any:
+        from stable_baselines3.common.callbacks import BaseCallback
+
+        probe = self
+
+        class Kept(BaseCallback):
+            def _on_training_start(self) -> None:
+                probe.record.kept.add(state_hash(self.model))
+
+            def _on_step(self) -> bool:
+                return True
+
+            def _on_rollout_start(self) -> None:
+                probe.after_judgement(self.model, self.logger)
+
+            def _on_training_end(self) -> None:
+                probe.after_judgement(self.model, self.logger)
+
+        return Kept()
+
+    def after_judgement(self, model: Any, logger: Any) -> None:
+        record = self.record
+        record.kept.add(state_hash(model))
+        if not parameters_finite(model):
+            record.nonfinite_at_rollout_start += 1
+        clip = logger.name_to_value.get("train/clip_range")
+        if clip is not None:
+            record.clip_ranges.append(float(clip))
+        guarded_step = getattr(model, "guarded_step", None)
+        steps = None if guarded_step is None else guarded_step.n_taken + guarded_step.n_skipped
+        record.counters.append((int(getattr(model, "_n_updates", 0)), steps, self.rolled_back))
+        if self.last_rollback is not None:
+            restored, highest_scale = self.last_rollback
+            # One optimizer step per update (A2C): the update the rollback replaced ends at the restored state; and
+            # nothing raises the learning rate back over the rollback's before the next update
+            if self.scenario.algo in ("A2C", "SafeA2C") and state_hash(model) != restored:
+                record.after_rollback.append("the rolled-back update ended elsewhere than at the restored state")
+            if learning_rate_scale(model) > highest_scale * (1 + 1e-9):
+                record.after_rollback.append(f"scale {learning_rate_scale(model):.3g} > {highest_scale:.3g} after a rollback")
+            self.last_rollback = None
+        self.rolled_back = False
+
+
+@contextlib.contextmanager
+def instrumented(probe: Probe) -> Iterator[None]:
+    """Record each rollback (its restored state) and each redo, for the scenario's duration."""
+    from sb3_safe import KLAdaptiveLRCallback
+    from sb3_safe.common.guard.response import Response
+
+    rollback, stop, redo = Response._rollback, Response._stop, KLAdaptiveLRCallback._redo
+
+    def recording_rollback(response: Response) -> str:
+        healthy = response.snapshots.healthy
+        assert healthy is not None
+        message = rollback(response)
+        restored = state_hash(response.model)
+        model = response.model
+        probe.record.rollbacks.append(
+            (
+                restored,
+                restored in probe.record.kept,
+                learning_rate_scale(model),
+                healthy.lr_scale,
+                response.lr_decay,
+                float(response.watched.optimizers[0][1].param_groups[0]["lr"]),
+                current_learning_rate(model),
+            )
+        )
+        probe.rolled_back = True
+        probe.last_rollback = (restored, healthy.lr_scale * response.lr_decay)
+        return message
+
+    def recording_stop(response: Response, reason: str) -> str:
+        probe.rolled_back = True  # (the counts go back to the healthy state's too)
+        return stop(response, reason)
+
+    def recording_redo(callback: Any, *args: Any) -> None:
+        probe.record.redo_calls += 1
+        redo(callback, *args)
+
+    Response._rollback, Response._stop = recording_rollback, recording_stop  # type: ignore[method-assign]
+    KLAdaptiveLRCallback._redo = recording_redo  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        Response._rollback, Response._stop = rollback, stop  # type: ignore[method-assign]
+        KLAdaptiveLRCallback._redo = redo  # type: ignore[method-assign]
+
+
+# ----- one scenario -----
+
+
+@dataclass
+class Outcome:
+    scenario: Scenario
+    record: Record
+    events: list[Any]
+    raised: str | None
+    crashed: str | None
+    stop_reason: str | None
+    stop_matches_saved: bool | None
+    stop_matches_healthy: bool | None
+    saved_trains_on: bool | None
+    schedule_checks: list[str]
+    counter_checks: list[str]
+    redone_updates: int
+    wall_s: float
+
+
+def budgets(scenario: Scenario) -> tuple[int, int]:
+    """The two ``learn()`` budgets: 6 and 4 rollouts (past_end: 3 steps short of the last)."""
+    size = rollout_size(scenario)
+    if scenario.algo in OFF_POLICY:
+        first, second = 60, 40
+    else:
+        first, second = 6 * size, 4 * size
+    return (first - 3, second - 3) if scenario.schedule == "past_end" else (first, second)
+
+
+def run(scenario: Scenario) -> Outcome:
+    """Run a scenario and collect what :func:`check` needs."""
+    from sb3_safe import KLAdaptiveLRCallback, NonFiniteError, NonFiniteGuardCallback, NonFiniteGuardWarning
+    from sb3_safe.common.adaptive_lr import with_adaptive_lr
+
+    start = time.perf_counter()
+    record, counter = Record(), [0, 0]
+    folder = Path(tempfile.mkdtemp(prefix="sb3_safe_faults_"))
+    env = make_env(scenario, counter)
+    model = build(scenario, env)
+    guard = None
+    if scenario.guarded:
+        guard = NonFiniteGuardCallback(
+            on_nonfinite=scenario.mode,  # type: ignore[arg-type]
+            save_path=str(folder / "healthy.zip") if scenario.mode == "stop" else None,
+            lr_decay=scenario.lr_decay,
+            report_dir=str(folder),
+            snapshot_every=scenario.snapshot_every,
+        )
+    adaptive = None
+    if scenario.callbacks in ("adaptive", "guard+adaptive", "adaptive+guard"):
+        adaptive = KLAdaptiveLRCallback(**adaptive_lr_settings(scenario))
+    probe = Probe(scenario, record)
+
+    def callbacks() -> list[Any]:
+        ordered = {"guard": [guard], "adaptive": [adaptive], "guard+adaptive": [guard, adaptive]}.get(
+            scenario.callbacks, [adaptive, guard] if scenario.callbacks == "adaptive+guard" else [guard]
+        )
+        return [*ordered, probe.callback()]
+
+    def the_adaptive(current: Any) -> Any:
+        """The adaptive lr of the model (``adaptive_lr=`` makes its callback once per model, kept on it)."""
+        if adaptive is not None or scenario.callbacks != "option+guard":
+            return adaptive
+        with_adaptive_lr(current, None)
+        return current._adaptive_lr_callback[1]
+
+    redone = [0]
+
+    def learn(current: Any, steps: int, **kwargs: Any) -> None:
+        probe.attach(current, the_adaptive(current))
+        try:
+            current.learn(steps, callback=callbacks(), **kwargs)
+        finally:
+            if probe.adaptive is not None:
+                redone[0] += probe.adaptive.redone_updates  # (per learn())
+
+    raised = crashed = None
+    first, second = budgets(scenario)
+    with instrumented(probe), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            learn(model, first)
+            if guard is None or guard.stop_reason is None:
+                if scenario.save_load:
+                    model = save_and_load(model, scenario, folder, env)
+                learn(model, second, reset_num_timesteps=False)
+        except NonFiniteError as error:
+            raised = str(error)
+        except Exception:
+            crashed = traceback.format_exc(limit=6)
+        record.warnings = sum(issubclass(w.category, NonFiniteGuardWarning) for w in caught)
+    if counter[1]:
+        record.fault_fired_at.append(counter[0])
+    stopped = guard is not None and guard.stop_reason is not None
+    stop_checks = check_stop(model, guard, scenario, folder) if stopped else (None, None, None)
+    outcome = Outcome(
+        scenario=scenario,
+        record=record,
+        events=list(guard.events) if guard is not None else [],
+        raised=raised,
+        crashed=crashed,
+        stop_reason=guard.stop_reason if guard is not None else None,
+        stop_matches_saved=stop_checks[0],
+        stop_matches_healthy=stop_checks[1],
+        saved_trains_on=stop_checks[2],
+        schedule_checks=check_schedules(model, scenario, folder) if crashed is None else [],
+        counter_checks=check_counters(model, scenario, record),
+        redone_updates=redone[0],
+        wall_s=time.perf_counter() - start,
+    )
+    env.close()
+    return outcome
+
+
+def save_and_load(model: Any, scenario: Scenario, folder: Path, env: Any) -> Any:
+    """Save the model (and VecNormalize), load both into a new model on the same envs."""
+    from stable_baselines3.common.vec_env import VecNormalize
+
+    model.save(folder / "between.zip")
+    if scenario.normalize:
+        model.get_vec_normalize_env().save(str(folder / "between_vecnormalize.pkl"))
+        env = VecNormalize.load(str(folder / "between_vecnormalize.pkl"), env.venv)
+    return type(model).load(folder / "between.zip", env=env, device="cpu")
+
+
+def check_stop(model: Any, guard: Any, scenario: Scenario, folder: Path) -> tuple[bool | None, bool, bool]:
+    """(ii): the model in memory against the saved one and the guard's healthy snapshot; the saved one trains on."""
+    healthy = guard._snapshots.healthy
+    live = {f"policy.{key}": tensor for key, tensor in model.policy.state_dict().items()}
+    matches_healthy = healthy is not None and all(
+        healthy.flat.get(name) is None or th.equal(healthy.flat.get(name), tensor) for name, tensor in live.items()
+    )
+    path = folder / "healthy.zip"
+    if not path.exists():
+        return None, matches_healthy, True  # no healthy state recorded before the fault: nothing was saved
+    loaded = type(model).load(path, device="cpu")
+    saved = loaded.policy.state_dict()
+    matches_saved = all(th.equal(saved[key], tensor) for key, tensor in model.policy.state_dict().items())
+    try:
+        fresh = make_env(Scenario(**{**asdict(scenario), "fault": "none"}), [0, 0])
+        loaded.set_env(fresh)
+        loaded.learn(rollout_size(scenario) * 2, reset_num_timesteps=False)
+        trains_on = parameters_finite(loaded)
+    except Exception:
+        trains_on = False
+    return matches_saved, matches_healthy, trains_on
+
+
+def check_schedules(model: Any, scenario: Scenario, folder: Path) -> list[str]:
+    """(vi): the model's and a loaded copy's schedule are the configured one times the saved scale, inside its bounds."""
+    model.save(folder / "final.zip")
+    loaded = type(model).load(folder / "final.zip", device="cpu")
+    scale, bounds = learning_rate_scale(model), learning_rate_bounds(model)
+    configured = configured_schedule(scenario)
+    problems = []
+    for progress in (1.0, 0.5, 0.1, 0.0):
+        expected = max(0.0, scale * configured(max(progress, 0.0)))
+        if bounds is not None:
+            expected = min(max(expected, bounds[0]), bounds[1])
+        for name, candidate in (("model", model), ("loaded", loaded)):
+            value = candidate.lr_schedule(progress)
+            if not math.isclose(value, expected, rel_tol=1e-9, abs_tol=1e-15):
+                problems.append(f"{name} lr_schedule({progress}) = {value:.6g}, expected {expected:.6g}")
+    if learning_rate_bounds(loaded) != bounds:
+        problems.append(f"loaded bounds {learning_rate_bounds(loaded)} != {bounds}")
+    return problems
+
+
+def steps_per_update(model: Any, scenario: Scenario) -> tuple[int, int] | None:
+    """(n_updates increment, optimizer steps) of one whole update of an on-policy algorithm, else None."""
+    if scenario.algo not in ON_POLICY:
+        return None
+    if scenario.algo in ("A2C", "SafeA2C"):
+        return 1, 1
+    minibatches = math.ceil(rollout_size(scenario) / model.batch_size)
+    return model.n_epochs, model.n_epochs * minibatches
+
+
+def check_counters(model: Any, scenario: Scenario, record: Record) -> list[str]:
+    """(vii): between two rollout starts without a rollback, the counts grew by exactly one update's."""
+    per_update = steps_per_update(model, scenario)
+    if per_update is None:
+        return []
+    problems = []
+    for (n_before, steps_before, _), (n_after, steps_after, rolled_back) in zip(
+        record.counters, record.counters[1:], strict=False
+    ):
+        if rolled_back or n_after == n_before:
+            continue  # a rollback restored older counts; no update (the first rollout start of a learn())
+        if n_after - n_before != per_update[0]:
+            problems.append(f"n_updates grew by {n_after - n_before}, one update is {per_update[0]}")
+        if steps_before is not None and steps_after is not None and steps_after - steps_before != per_update[1]:
+            problems.append(f"guarded steps grew by {steps_after - steps_before}, one update is {per_update[1]}")
+    return problems
+
+
+# ----- the invariants -----
+
+
+def check(outcome: Outcome) -> dict[str, list[str]]:
+    """The violations of each invariant (empty lists: none)."""
+    s, record = outcome.scenario, outcome.record
+    violations: dict[str, list[str]] = {name: [] for name in INVARIANTS}
+    # (i) rates and clip ranges
+    for timestep, rate, bounds in record.steps:
+        if not rate >= 0.0:
+            violations["i"].append(f"step at timestep {timestep}: learning rate {rate:.3g}")
+        elif bounds is not None and not bounds[0] * (1 - 1e-9) <= rate <= bounds[1] * (1 + 1e-9):
+            violations["i"].append(f"step at timestep {timestep}: learning rate {rate:.3g} outside {bounds}")
+    violations["i"] += [f"clip range {clip:.3g}" for clip in record.clip_ranges if not clip >= 0.0]
+    # (ii) stop
+    if outcome.stop_reason is not None:
+        if outcome.stop_matches_saved is False:
+            violations["ii"].append("the model in memory differs from the saved one")
+        if outcome.stop_matches_healthy is False:
+            violations["ii"].append("the model in memory differs from the guard's healthy state")
+        if outcome.saved_trains_on is False:
+            violations["ii"].append("the saved model does not train on")
+    # (iii) rollback
+    for restored, was_kept, scale_after, healthy_scale, lr_decay, rate, scheduled in record.rollbacks:
+        if not was_kept:
+            violations["iii"].append(f"restored state {restored[:8]} was never kept")
+        if scale_after > healthy_scale * lr_decay * (1 + 1e-9):
+            violations["iii"].append(f"scale {scale_after:.3g} after a rollback above {healthy_scale:.3g} x {lr_decay}")
+        if not math.isclose(rate, scheduled, rel_tol=1e-9):
+            violations["iii"].append(f"the optimizer runs at {rate:.3g} after a rollback, the schedule says {scheduled:.3g}")
+    violations["iii"] += record.after_rollback
+    # (iv) nothing non-finite unreported
+    if outcome.crashed is not None:
+        violations["iv"].append("exception: " + outcome.crashed.strip().splitlines()[-1])
+    if outcome.raised is not None and s.mode != "raise":
+        violations["iv"].append("raised outside raise mode: " + outcome.raised.splitlines()[0])
+    event_times = {event.timestep for event in outcome.events}
+    for timestep in record.nonfinite_at_step:
+        if timestep not in event_times:
+            violations["iv"].append(f"non-finite at an optimizer step at timestep {timestep} without an event")
+    if record.nonfinite_at_rollout_start and outcome.raised is None:
+        violations["iv"].append(f"non-finite parameters at {record.nonfinite_at_rollout_start} rollout start(s)")
+    # (v) one event and one message per fault
+    messages_expected = sum(event.action != "raise" for event in outcome.events)
+    if record.warnings != messages_expected:
+        violations["v"].append(f"{record.warnings} warnings for {messages_expected} events that did not raise")
+    if s.fault in ONCE and record.fault_fired_at and len(outcome.events) != 1:
+        kinds = [f"{event.source}/{event.action}" for event in outcome.events]
+        violations["v"].append(f"{len(outcome.events)} events for one fault: {kinds}")
+    stalls = [event.source for event in outcome.events] == ["stall"]
+    if s.fault == "rewards_1e30" and s.guarded and not stalls:  # every update stalls: one stall event, by the 10th
+        violations["v"].append(f"rewards x1e30: events {[f'{e.source}/{e.action}' for e in outcome.events]}")
+    # (vi) schedules
+    violations["vi"] += outcome.schedule_checks
+    # (vii) counters
+    violations["vii"] += outcome.counter_checks
+    if outcome.redone_updates != record.redo_calls:
+        violations["vii"].append(f"redone_updates {outcome.redone_updates} for {record.redo_calls} redos")
+    return violations
+
+
+# ----- the suite -----
+
+SIZES = {"tiny": 8, "quick": 60, "full": 320}
+#: The test suite's fixed subset (tests/test_faults.py)
+TEST_SEEDS = tuple(range(1000, 1048))
+
+
+def jobs(size: str) -> list[int]:
+    return list(range(SIZES[size]))
+
+
+def job_key(job: int) -> int:
+    return job
+
+
+def row_key(row: dict[str, Any]) -> int:
+    return int(row["seed"])
+
+
+def budget(size: str) -> dict[str, Any]:
+    return dict(scenarios=SIZES[size])
+
+
+def run_job(seed: int) -> list[dict[str, Any]]:
+    outcome = run(Scenario.draw(seed))
+    violations = check(outcome)
+    return [
+        dict(
+            **asdict(outcome.scenario),
+            events=[f"{event.source}/{event.action}" for event in outcome.events],
+            rollbacks=len(outcome.record.rollbacks),
+            redos=outcome.redone_updates,
+            fault_fired=bool(outcome.record.fault_fired_at),
+            raised=outcome.raised is not None,
+            stopped=outcome.stop_reason is not None,
+            violations={name: found for name, found in violations.items() if found},
+            wall_s=outcome.wall_s,
+        )
+    ]
+
+
+def report(out: Path) -> None:
+    """``faults.md``: scenarios per kind, violations per invariant."""
+    meta, rows = suite.read_jsonl(out / "faults.jsonl")
+    wall = sum(row["wall_s"] for row in rows)
+    lines = reports.report_header(
+        "Randomized fault injection: the guard and the adaptive learning rate as one supervisor",
+        meta,
+        [
+            f"{len(rows)} scenarios drawn from seeds 0-{len(rows) - 1} (`benchmarks/faults.py`), one process each"
+            f" (summed wall time {wall / 60:.1f} min); the test suite runs seeds {TEST_SEEDS[0]}-{TEST_SEEDS[-1]}.",
+            "Invariants: (i) learning rate >= 0 and inside the bounds, clip range >= 0; (ii) a stop keeps in memory the"
+            " saved, healthy, loadable model; (iii) a rollback restores a kept state, at most the healthy scale x"
+            " lr_decay; (iv) nothing non-finite unreported; (v) one event and one message per fault; (vi) the saved"
+            " schedule is the configured one times the saved scale, in its bounds; (vii) counts of kept updates.",
+        ],
+    )
+    lines += ["## Violations per invariant", ""]
+    lines += reports.table(
+        ["invariant", "scenarios violating it"],
+        [[name, sum(name in row["violations"] for row in rows)] for name in INVARIANTS],
+    )
+    lines += ["", "## Scenarios per kind", ""]
+    for key in ("algo", "callbacks", "mode", "schedule", "fault", "n_envs", "save_load"):
+        counts: dict[str, int] = {}
+        for row in rows:
+            counts[str(row[key])] = counts.get(str(row[key]), 0) + 1
+        lines.append(f"- **{key}**: " + ", ".join(f"{name} {count}" for name, count in sorted(counts.items())))
+    outcomes = {
+        "raised": sum(row["raised"] for row in rows),
+        "stopped": sum(row["stopped"] for row in rows),
+        "with a rollback": sum(row["rollbacks"] > 0 for row in rows),
+        "with a redo": sum(row["redos"] > 0 for row in rows),
+        "with a stall event": sum(any(e.startswith("stall") for e in row["events"]) for row in rows),
+        "with no event": sum(not row["events"] for row in rows),
+    }
+    lines += ["", "**Outcomes**: " + ", ".join(f"{name} {count}" for name, count in outcomes.items()) + ".", ""]
+    bad = [row for row in rows if row["violations"]]
+    if bad:
+        lines += ["## Scenarios with violations", ""]
+        lines += reports.table(
+            ["seed", "scenario", "violations"],
+            [[row["seed"], f"{row['algo']} {row['callbacks']} {row['mode']} {row['fault']}@{row['fault_at']}",
+              "; ".join(f"({k}) {v[0]}" for k, v in row["violations"].items())] for row in bad],
+        )  # fmt: skip
+    reports.write_report(out / "faults.md", lines)
+
+
+def main(argv: list[str]) -> None:
+    """Run the scenarios of the seeds given and print each one's outcome and violations."""
+    for text in argv:
+        outcome = run(Scenario.draw(int(text)))
+        print(outcome.scenario)
+        print(f"  events: {[(e.timestep, e.source, e.action) for e in outcome.events]}, raised: {outcome.raised is not None}")
+        print(f"  crashed: {outcome.crashed}")
+        print(f"  violations: { {k: v for k, v in check(outcome).items() if v} }, {outcome.wall_s:.1f} s")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
