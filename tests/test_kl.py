@@ -8,15 +8,30 @@ import pytest
 import torch as th
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from stable_baselines3.common.distributions import DiagGaussianDistribution, Distribution, StateDependentNoiseDistribution
+from sb3_contrib.common.maskable.distributions import (
+    MaskableBernoulliDistribution,
+    MaskableCategoricalDistribution,
+    MaskableMultiCategoricalDistribution,
+)
+from stable_baselines3.common.distributions import (
+    BernoulliDistribution,
+    CategoricalDistribution,
+    DiagGaussianDistribution,
+    Distribution,
+    MultiCategoricalDistribution,
+    StateDependentNoiseDistribution,
+)
 from torch.distributions import Bernoulli, Categorical, Independent, kl_divergence
 
 from sb3_safe.common.distributions import (
+    DEFAULT_LOGIT_BOUND,
     BoundedDiagGaussianDistribution,
+    BoundedStateDependentNoiseDistribution,
     SafeBernoulliDistribution,
     SafeCategoricalDistribution,
     SafeMultiCategoricalDistribution,
     SquashedBoundedGaussianDistribution,
+    bound_logits,
 )
 from sb3_safe.common.kl import (
     LOG_RATIO_LIMIT,
@@ -27,10 +42,16 @@ from sb3_safe.common.kl import (
     gaussian_kl,
     has_analytic_kl,
 )
+from sb3_safe.common.maskable.distributions import (
+    SafeMaskableBernoulliDistribution,
+    SafeMaskableCategoricalDistribution,
+    SafeMaskableMultiCategoricalDistribution,
+)
 
 BATCH = 4
 ACTION_DIM = 3
 NVEC = [3, 2, 4]
+LATENT_DIM = 2  # gSDE's features
 N_MC = 200_000
 
 
@@ -161,11 +182,82 @@ def test_unknown_reduction_is_refused() -> None:
         categorical_kl(th.zeros(2, 3), th.zeros(2, 3), reduction="sum")  # type: ignore[arg-type]
 
 
-def test_gsde_has_no_analytic_kl() -> None:
-    dist = StateDependentNoiseDistribution(ACTION_DIM)
-    assert not has_analytic_kl(dist)
-    with pytest.raises(ValueError, match="approx_kl"):
-        distribution_params(dist)
+def _gsde_pair(cls: type, generator: th.Generator, **kwargs: Any) -> list[Any]:
+    """Two gSDE distributions on the same features, as the policy builds them before and after an update."""
+    latent = th.randn(BATCH, LATENT_DIM, generator=generator)
+    return [
+        cls(ACTION_DIM, **kwargs).proba_distribution(
+            th.randn(BATCH, ACTION_DIM, generator=generator),
+            -0.5 + 0.3 * th.randn(LATENT_DIM, ACTION_DIM, generator=generator),
+            latent,
+        )
+        for _ in range(2)
+    ]
+
+
+@pytest.mark.parametrize("cls", [StateDependentNoiseDistribution, BoundedStateDependentNoiseDistribution])
+@pytest.mark.parametrize("squash_output", [False, True])
+def test_gsde_kl_is_the_kl_of_its_gaussians(cls: type, squash_output: bool) -> None:
+    # gSDE's action at a state is the mean plus features @ exploration matrix: a diagonal Gaussian per state, whose
+    # std (the one log_prob uses) is the Normal's; squashed, the pre-squash Gaussians'
+    old, new = _gsde_pair(cls, th.Generator().manual_seed(6), squash_output=squash_output)
+    assert has_analytic_kl(old)
+    kl = analytic_kl(distribution_params(old), new)
+    expected = kl_divergence(Independent(old.distribution, 1), Independent(new.distribution, 1))
+    th.testing.assert_close(kl, expected, rtol=1e-5, atol=1e-7)
+    assert th.all(kl > 0)
+
+
+MASKED_FAMILIES = {
+    "masked": lambda: MaskableCategoricalDistribution(5),
+    "safe_masked": lambda: SafeMaskableCategoricalDistribution(5),
+    "masked_multicategorical": lambda: MaskableMultiCategoricalDistribution(NVEC),
+    "safe_masked_multicategorical": lambda: SafeMaskableMultiCategoricalDistribution(NVEC),
+    "masked_bernoulli": lambda: MaskableBernoulliDistribution(ACTION_DIM),
+    "safe_masked_bernoulli": lambda: SafeMaskableBernoulliDistribution(ACTION_DIM),
+}
+
+
+def _masked_dims(dist: Any) -> list[int]:
+    return [dist.action_dim] if hasattr(dist, "action_dim") else list(dist.action_dims)
+
+
+def _valid_in_each(mask_bits: th.Tensor, dims: list[int]) -> th.Tensor:
+    """Masks from ``mask_bits``, with the first action of each sub-space made valid where none was."""
+    splits = []
+    for split in th.split(mask_bits, dims, dim=1):
+        split = split.clone()
+        split[:, 0] |= ~split.any(dim=1)
+        splits.append(split)
+    return th.cat(splits, dim=1)
+
+
+@pytest.mark.parametrize("family", list(MASKED_FAMILIES))
+def test_masked_kl_is_the_kl_of_the_renormalized_categoricals(family: str) -> None:
+    # The old and new distribution of a sample share its mask: the KL of the categoricals over the valid actions,
+    # whatever the logits of the masked ones
+    generator = th.Generator().manual_seed(7)
+    old, new = MASKED_FAMILIES[family](), MASKED_FAMILIES[family]()
+    dims = _masked_dims(old)
+    masks = _valid_in_each(th.rand(BATCH, sum(dims), generator=generator) < 0.5, dims)
+    logits = [2.0 * th.randn(BATCH, sum(dims), generator=generator) for _ in range(2)]
+    for dist, raw in zip((old, new), logits, strict=True):
+        dist.proba_distribution(raw)
+        dist.apply_masking(masks)
+    assert has_analytic_kl(old)
+    kl = analytic_kl(distribution_params(old), new)
+    expected = th.zeros(BATCH)
+    for old_logits, new_logits, mask in zip(*(th.split(t, dims, dim=1) for t in (*logits, masks)), strict=True):
+        if isinstance(old, SafeMaskableMultiCategoricalDistribution | SafeMaskableCategoricalDistribution):
+            old_logits, new_logits = (bound_logits(raw, DEFAULT_LOGIT_BOUND) for raw in (old_logits, new_logits))
+        p, q = (Categorical(logits=raw.masked_fill(~mask, -math.inf)) for raw in (old_logits, new_logits))
+        expected += kl_divergence(p, q).nan_to_num(0.0)  # a sub-space with one valid action: KL 0
+    th.testing.assert_close(kl, expected, rtol=1e-5, atol=1e-7)
+    assert th.all(kl >= 0) and kl.sum() > 0
+    # a masked action's logit changes nothing
+    new.proba_distribution(th.where(masks, logits[1], 50.0 * th.randn(BATCH, sum(dims), generator=generator)))
+    new.apply_masking(masks)
+    th.testing.assert_close(analytic_kl(distribution_params(old), new), kl, rtol=1e-6, atol=0)
 
 
 def test_gaussian_kl_is_accurate_for_close_distributions() -> None:
@@ -220,46 +312,97 @@ def test_categorical_kl_of_impossible_actions_is_finite() -> None:
     assert th.isfinite(kl).all() and log_q.grad is not None and th.isfinite(log_q.grad).all()
 
 
-extreme_floats = st.floats(allow_nan=False, allow_infinity=False, width=32)
+#: Every finite float32, drawn as float64 and rounded: no draw is rejected (width=32 rejected most draws of the list)
+float32_range = st.floats(min_value=-float(th.finfo(th.float32).max), max_value=float(th.finfo(th.float32).max))
+
+#: Every family analytic_kl supports, as the policies build them; the stock ones from SB3's and sb3-contrib's classes
+PROPERTY_FAMILIES = [
+    *FAMILIES,
+    "sb3_categorical",
+    "sb3_multicategorical",
+    "sb3_bernoulli",
+    "gsde",
+    "bounded_gsde",
+    "bounded_gsde_squashed",
+    *MASKED_FAMILIES,
+]
+#: Stock families with unbounded logits or stds: finite, non-negative values, but no promise on gradients
+UNBOUNDED_FAMILIES = [
+    "sb3_categorical",
+    "sb3_multicategorical",
+    "sb3_bernoulli",
+    "gsde",
+    "masked",
+    "masked_multicategorical",
+    "masked_bernoulli",
+]
+#: (reduction, rows): per sample on two rows, and the batch mean of two rows and of the two tiled to 20,000, where a sum
+#: of per-sample KLs near their largest value overflows float32 unless the mean divides first
+REDUCTIONS = [("none", 2), ("batchmean", 2), ("batchmean", 20_000)]
+WIDTH = 2 * sum(NVEC)
+
+
+def _build(family: str, raw: th.Tensor) -> Distribution:
+    """
+    A distribution of ``family`` with parameters from ``raw`` (rows, WIDTH), as the policies build them: the first
+    columns are the means (or logits), then log-stds (or gSDE's features); gSDE's log-std matrix comes from the last
+    columns of the first row, masks from the signs of the second half of the columns.
+    """
+    means, log_stds = raw[:, :ACTION_DIM], raw[:, ACTION_DIM : 2 * ACTION_DIM]
+    if family in ("gaussian", "squashed"):
+        cls = BoundedDiagGaussianDistribution if family == "gaussian" else SquashedBoundedGaussianDistribution
+        return cls(ACTION_DIM).proba_distribution(means, log_stds)
+    if family == "sb3_gaussian":
+        # SB3's own Gaussian has no bound, and the KL reaches its log-std through log(std), whose gradient divides by
+        # the std: a z-score of 1e15 (where our clamp starts) then overflows for std < exp(-8). Its gradients are
+        # finite for moderate log-stds; the bounded distributions' for any parameter.
+        return DiagGaussianDistribution(ACTION_DIM).proba_distribution(means, log_stds.clamp(-5.0, 5.0))
+    if family in ("gsde", "bounded_gsde", "bounded_gsde_squashed"):
+        latent = raw[:, ACTION_DIM : ACTION_DIM + LATENT_DIM]
+        log_std_matrix = raw[0, WIDTH - LATENT_DIM * ACTION_DIM :].reshape(LATENT_DIM, ACTION_DIM)
+        if family == "gsde":
+            # SB3's gSDE: exp of an extreme log-std parameter is inf or 0, and features of 0 times an inf std are NaN
+            # before the KL is reached; moderate parameters, any features
+            return StateDependentNoiseDistribution(ACTION_DIM).proba_distribution(
+                means, log_std_matrix.clamp(-5.0, 5.0), latent
+            )
+        dist = BoundedStateDependentNoiseDistribution(ACTION_DIM, squash_output=family == "bounded_gsde_squashed")
+        return dist.proba_distribution(means, log_std_matrix, latent)
+    if family in ("categorical", "sb3_categorical"):
+        cls = SafeCategoricalDistribution if family == "categorical" else CategoricalDistribution
+        return cls(5).proba_distribution(raw[:, :5])
+    if family in ("multicategorical", "sb3_multicategorical"):
+        cls = SafeMultiCategoricalDistribution if family == "multicategorical" else MultiCategoricalDistribution
+        return cls(NVEC).proba_distribution(raw[:, : sum(NVEC)])
+    if family in ("bernoulli", "sb3_bernoulli"):
+        cls = SafeBernoulliDistribution if family == "bernoulli" else BernoulliDistribution
+        return cls(ACTION_DIM).proba_distribution(raw[:, :ACTION_DIM])
+    masked = MASKED_FAMILIES[family]()
+    dims = _masked_dims(masked)
+    masked.proba_distribution(raw[:, : sum(dims)])
+    masked.apply_masking(_valid_in_each(raw[:, WIDTH - sum(dims) :].detach() > 0, dims))
+    return masked
 
 
 @settings(max_examples=200, deadline=None)
 @given(
-    family=st.sampled_from(FAMILIES),
-    values=st.lists(extreme_floats, min_size=2 * 2 * sum(NVEC), max_size=2 * 2 * sum(NVEC)),
+    family=st.sampled_from(PROPERTY_FAMILIES),
+    reduction_rows=st.sampled_from(REDUCTIONS),
+    values=st.lists(float32_range, min_size=2 * 2 * WIDTH, max_size=2 * 2 * WIDTH),
 )
-def test_kl_finite_non_negative_with_finite_gradients_for_extreme_parameters(family: str, values: list[float]) -> None:
-    raw = th.tensor(values, dtype=th.float32).reshape(2, 2, sum(NVEC))  # (old/new, batch of 2, width)
+def test_kl_finite_non_negative_with_finite_gradients_for_extreme_parameters(
+    family: str, reduction_rows: tuple[str, int], values: list[float]
+) -> None:
+    reduction, rows = reduction_rows
+    raw = th.tensor(values, dtype=th.float32).reshape(2, 2, WIDTH).repeat(1, rows // 2, 1)  # (old/new, rows, width)
+    if family in MASKED_FAMILIES:
+        raw[1, :, WIDTH // 2 :] = raw[0, :, WIDTH // 2 :]  # old and new share the masks
     new_raw = raw[1].clone().requires_grad_(True)
-    old: Distribution
-    new: Distribution
-    if family in ("gaussian", "sb3_gaussian", "squashed"):
-        cls = {
-            "gaussian": BoundedDiagGaussianDistribution,
-            "sb3_gaussian": DiagGaussianDistribution,
-            "squashed": SquashedBoundedGaussianDistribution,
-        }[family]
-        # SB3's own Gaussian has no bound, and the KL reaches its log-std through log(std), whose gradient divides by
-        # the std: a z-score of 1e15 (where our clamp starts) then overflows for std < exp(-8). Its gradients are
-        # finite for moderate log-stds; the bounded distributions' for any parameter.
-        log_std_limit = 5.0 if family == "sb3_gaussian" else 1e30
-        old = cls(ACTION_DIM).proba_distribution(
-            raw[0, :, :ACTION_DIM], raw[0, :, ACTION_DIM : 2 * ACTION_DIM].clamp(-log_std_limit, log_std_limit)
-        )
-        new = cls(ACTION_DIM).proba_distribution(
-            new_raw[:, :ACTION_DIM], new_raw[:, ACTION_DIM : 2 * ACTION_DIM].clamp(-log_std_limit, log_std_limit)
-        )
-    elif family == "categorical":
-        old = SafeCategoricalDistribution(5).proba_distribution(raw[0, :, :5])
-        new = SafeCategoricalDistribution(5).proba_distribution(new_raw[:, :5])
-    elif family == "multicategorical":
-        old = SafeMultiCategoricalDistribution(NVEC).proba_distribution(raw[0])
-        new = SafeMultiCategoricalDistribution(NVEC).proba_distribution(new_raw)
-    else:
-        old = SafeBernoulliDistribution(ACTION_DIM).proba_distribution(raw[0, :, :ACTION_DIM])
-        new = SafeBernoulliDistribution(ACTION_DIM).proba_distribution(new_raw[:, :ACTION_DIM])
-    kl = analytic_kl(distribution_params(old).detach(), new)
+    old, new = _build(family, raw[0]), _build(family, new_raw)
+    kl = analytic_kl(distribution_params(old).detach(), new, reduction=reduction)  # type: ignore[arg-type]
     assert th.isfinite(kl).all() and (kl >= 0).all(), kl
+    if family in UNBOUNDED_FAMILIES:
+        return  # gradients: promised for sb3-safe's distributions and SB3's Gaussian (above)
     kl.sum().backward()
     assert new_raw.grad is not None and th.isfinite(new_raw.grad).all()
 

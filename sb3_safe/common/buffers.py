@@ -10,7 +10,7 @@ its actions: where the policy ran once since the last ``add`` (no callback calle
 this with the whole rollout at once, when it is complete; where it ran more often, ``add`` looks for it among the
 passes at once. Where the acting forward pass was not seen (a custom collection loop), the parameters of that step
 are computed from the current policy, with one warning. Memory: ``2 * action_dim`` floats per sample for Gaussians, the
-number of logits for discrete actions, nothing for distributions without an analytic KL (gSDE).
+number of logits for discrete actions, nothing for distributions without an analytic KL (custom ones).
 
 The squashed action is all that is needed to recompute the squashed Gaussian's log-prob exactly
 (:class:`~sb3_safe.common.distributions.SquashedBoundedGaussianDistribution` never inverts a saturated tanh),

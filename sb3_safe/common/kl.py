@@ -6,27 +6,41 @@ so the rollout buffer stays small and the KL is analytic for:
 
 - diagonal Gaussians (SB3's and :class:`~sb3_safe.common.distributions.BoundedDiagGaussianDistribution`):
   stored as ``(mean, log_std)``;
-- tanh-squashed Gaussians: the KL of the pre-squash Gaussians, since KL is invariant under a bijection;
+- gSDE (SB3's ``StateDependentNoiseDistribution`` and
+  :class:`~sb3_safe.common.distributions.BoundedStateDependentNoiseDistribution`): at each state a diagonal Gaussian
+  whose std comes from the features and the exploration matrix's log-std, stored as ``(mean, log_std)`` too;
+- tanh-squashed Gaussians (with or without gSDE): the KL of the pre-squash Gaussians, since KL is invariant under a
+  bijection;
 - Categorical, MultiCategorical: stored as normalized log-probabilities;
+- masked categoricals (sb3-contrib's maskable Categorical, MultiCategorical and Bernoulli, for ``MaskablePPO``, and
+  their safe versions): stored as the masked, renormalized log-probabilities. The old and the new distribution of a
+  sample share its mask, so this is the KL of the categoricals over the valid actions (a masked action's probability
+  is exactly 0 in both);
 - Bernoulli (MultiBinary): stored as logits.
 
-Other distributions (gSDE) have no stored parameters; use :func:`approx_kl`, the non-negative estimator
+Another distribution (a custom one) has no stored parameters; use :func:`approx_kl`, the non-negative estimator
 ``(ratio - 1) - log(ratio)`` of the same KL.
 
-Every function here is finite and non-negative for all finite inputs: log-stds are clamped to
-``[-LOG_STD_LIMIT, LOG_STD_LIMIT]`` and z-scores computed with
-:func:`~sb3_safe.common.distributions.standardize`, as in ``distributions.py``.
+Every function here is finite and non-negative for all finite inputs, with either reduction: log-stds are clamped to
+``[-LOG_STD_LIMIT, LOG_STD_LIMIT]`` and z-scores computed with :func:`~sb3_safe.common.distributions.standardize`, as
+in ``distributions.py``; log-probabilities are floored at ``LOG_PROB_FLOOR``; so a sample's KL is at most about
+``3e34`` per Gaussian dimension and ``1e30`` per categorical, and a batch mean divides before it sums.
 """
 
 from typing import Any, Literal
 
 import torch as th
+from sb3_contrib.common.maskable.distributions import (
+    MaskableCategoricalDistribution,
+    MaskableMultiCategoricalDistribution,
+)
 from stable_baselines3.common.distributions import (
     BernoulliDistribution,
     CategoricalDistribution,
     DiagGaussianDistribution,
     Distribution,
     MultiCategoricalDistribution,
+    StateDependentNoiseDistribution,
 )
 from torch.nn import functional as F
 
@@ -35,50 +49,82 @@ from sb3_safe.common.distributions import (
     LOG_STD_LIMIT,
     Z_SCORE_LIMIT,
     BoundedDiagGaussianDistribution,
+    BoundedStateDependentNoiseDistribution,
 )
 
 #: |log_ratio| above which it is clamped before ``exp``: ratios stay in [2e-9, 4.9e8]
 LOG_RATIO_LIMIT = 20.0
+
+#: Log-probabilities are floored here (probability ``exp(-1e30)``, 0 in any float): a categorical's KL is then at most
+#: about ``-LOG_PROB_FLOOR`` (the clamped Gaussian's z^2 is at most ``Z_SCORE_LIMIT ** 2``, alike), so sums over
+#: sub-spaces and action dimensions stay finite; the lowest float32 itself would overflow in a sum of two
+LOG_PROB_FLOOR = -1e30
 
 #: ``"none"``: one value per sample (element-wise for :func:`gaussian_kl`); ``"batchmean"``: their sum divided by the
 #: batch size (the first dimension), as in :func:`torch.nn.functional.kl_div`: the mean KL per sample, computed
 #: without the per-sample tensor's graph nodes (a training loss needs only the mean)
 Reduction = Literal["none", "batchmean"]
 
+_GAUSSIANS = (DiagGaussianDistribution, StateDependentNoiseDistribution)
+_CATEGORICALS = (
+    CategoricalDistribution,
+    MultiCategoricalDistribution,
+    MaskableCategoricalDistribution,
+    MaskableMultiCategoricalDistribution,  # sb3-contrib's MaskableBernoulliDistribution too: two outcomes per action
+)
+
 
 def has_analytic_kl(distribution: Distribution) -> bool:
     """
     Whether :func:`analytic_kl` supports this distribution (else use :func:`approx_kl`).
 
-    :param distribution: an SB3 or sb3-safe action distribution
+    :param distribution: an SB3, sb3-contrib or sb3-safe action distribution
     """
-    return isinstance(
-        distribution,
-        DiagGaussianDistribution | CategoricalDistribution | MultiCategoricalDistribution | BernoulliDistribution,
-    )
+    return isinstance(distribution, (*_GAUSSIANS, *_CATEGORICALS, BernoulliDistribution))
 
 
-def _gaussian_log_std(distribution: DiagGaussianDistribution) -> th.Tensor:
+def _gaussian(distribution: Distribution) -> tuple[th.Tensor, th.Tensor] | None:
+    """The mean and log-std of a Gaussian family (diagonal, squashed or gSDE), else None."""
+    if not isinstance(distribution, _GAUSSIANS):
+        return None
+    normal = distribution.distribution
     # The bounded log-std is the one the distribution uses; SB3's own is clamped to the range standardize supports
-    if isinstance(distribution, BoundedDiagGaussianDistribution):
-        return distribution.bounded_log_std
-    return distribution.distribution.scale.log().clamp(-LOG_STD_LIMIT, LOG_STD_LIMIT)
+    # (SB3's gSDE: its Normal's std, sqrt(variance + epsilon), is the one its log_prob uses)
+    if isinstance(distribution, BoundedDiagGaussianDistribution | BoundedStateDependentNoiseDistribution):
+        return normal.mean, distribution.bounded_log_std
+    return normal.mean, normal.scale.log().clamp(-LOG_STD_LIMIT, LOG_STD_LIMIT)
+
+
+def _categorical_log_probs(distribution: Distribution) -> list[th.Tensor] | None:
+    """
+    The normalized log-probabilities of each categorical of a discrete family, else None. torch normalizes a
+    ``Categorical``'s logits; sb3-contrib's masking rebuilds it from the masked logits, so these are the masked,
+    renormalized ones.
+    """
+    if isinstance(distribution, CategoricalDistribution | MaskableCategoricalDistribution):
+        return [distribution.distribution.logits]
+    if isinstance(distribution, MultiCategoricalDistribution):
+        return [split.logits for split in distribution.distribution]
+    if isinstance(distribution, MaskableMultiCategoricalDistribution):
+        return [split.logits for split in distribution.distributions]
+    return None
 
 
 def distribution_params(distribution: Distribution) -> th.Tensor:
     """
     The parameters :func:`analytic_kl` needs, as one ``(batch, width)`` tensor.
 
-    :param distribution: a distribution for which :func:`has_analytic_kl` is true, after ``proba_distribution``
+    :param distribution: a distribution for which :func:`has_analytic_kl` is true, after ``proba_distribution`` (and
+        ``apply_masking``, for a maskable one)
     :raises ValueError: for other distributions
     """
-    if isinstance(distribution, DiagGaussianDistribution):
+    gaussian = _gaussian(distribution)
+    if gaussian is not None:
         # For the squashed Gaussian these are the pre-squash parameters: KL is invariant under tanh
-        return th.cat([distribution.distribution.mean, _gaussian_log_std(distribution)], dim=1)
-    if isinstance(distribution, CategoricalDistribution):
-        return distribution.distribution.logits  # torch normalizes them: these are log-probabilities
-    if isinstance(distribution, MultiCategoricalDistribution):
-        return th.cat([split.logits for split in distribution.distribution], dim=1)
+        return th.cat(gaussian, dim=1)
+    log_probs = _categorical_log_probs(distribution)
+    if log_probs is not None:
+        return log_probs[0] if len(log_probs) == 1 else th.cat(log_probs, dim=1)
     if isinstance(distribution, BernoulliDistribution):
         return distribution.distribution.logits
     raise ValueError(f"No analytic KL for {type(distribution).__name__}; use approx_kl")
@@ -110,7 +156,8 @@ class _GaussianKL(th.autograd.Function):
         # Rounding can make expm1(x) - x slightly negative for tiny x; the KL is >= 0
         kl = (z_squared + expm1_ratio).sub_(double_log_ratio).mul_(0.5).clamp_(min=0.0)
         ctx.scale = 1.0 / kl.shape[0] if batchmean else 1.0
-        return kl.sum().mul_(ctx.scale) if batchmean else kl
+        # Divided before the sum: a sum of many elements near their largest value (3e34) would overflow float32
+        return kl.mul_(ctx.scale).sum() if batchmean else kl
 
     @staticmethod
     def backward(ctx: Any, grad: th.Tensor) -> tuple[th.Tensor | None, ...]:
@@ -166,25 +213,32 @@ def _batchmean(reduction: Reduction) -> bool:
     return reduction == "batchmean"
 
 
+def _batch_mean(per_sample: th.Tensor) -> th.Tensor:
+    """The mean over the first dimension, divided before it sums: the sum of large finite values can overflow."""
+    return per_sample.div(per_sample.shape[0]).sum(dim=0)
+
+
 def categorical_kl(log_p: th.Tensor, log_q: th.Tensor, reduction: Reduction = "none") -> th.Tensor:
     """
     ``KL(p || q)`` of categoricals over the last dimension, from normalized log-probabilities.
 
-    Both are clamped to the lowest finite float first: every term is then finite and terms with ``p = 0`` count 0,
-    also where a log-probability is -inf (SB3's unbounded logits can give that); other inputs are unchanged.
-    One fused ``kl_div``: this runs in every minibatch, where each small operation costs its dispatch.
+    Both are floored at ``LOG_PROB_FLOOR`` first: every term is then finite and terms with ``p = 0`` count 0, also
+    where a log-probability is -inf (SB3's unbounded logits can give that); a KL is at most about ``-LOG_PROB_FLOOR``.
+    Inputs above the floor are unchanged. One ``kl_div``: this runs in every minibatch, where each small operation
+    costs its dispatch.
 
     :param log_p: log-probabilities of p
     :param log_q: log-probabilities of q
     :param reduction: ``"none"``: one KL per sample (all dimensions but the last); ``"batchmean"``: their sum
         divided by the size of the first dimension
     """
-    lowest = th.finfo(log_q.dtype).min
-    log_q, log_p = log_q.clamp(min=lowest), log_p.clamp(min=lowest)
+    log_q, log_p = log_q.clamp(min=LOG_PROB_FLOOR), log_p.clamp(min=LOG_PROB_FLOOR)
+    terms = F.kl_div(log_q, log_p, reduction="none", log_target=True)
+    # Rounding can make a KL of (nearly) equal distributions slightly negative
     if _batchmean(reduction):
-        # Rounding can make a KL of (nearly) equal distributions slightly negative
-        return F.kl_div(log_q, log_p, reduction="batchmean", log_target=True).clamp(min=0.0)
-    return F.kl_div(log_q, log_p, reduction="none", log_target=True).sum(dim=-1).clamp(min=0.0)
+        # Divided before the sum, which a batch of KLs near the largest one would overflow
+        return terms.div_(terms.shape[0]).sum().clamp(min=0.0)
+    return terms.sum(dim=-1).clamp(min=0.0)
 
 
 def bernoulli_kl(logits_p: th.Tensor, logits_q: th.Tensor) -> th.Tensor:
@@ -204,28 +258,28 @@ def analytic_kl(old_params: th.Tensor, distribution: Distribution, reduction: Re
     ``KL(pi_old || pi)`` per sample, summed over action dimensions.
 
     :param old_params: ``(batch, width)`` parameters of the old policy, from :func:`distribution_params`
-    :param distribution: the current distribution on the same observations (gradients flow through it)
+    :param distribution: the current distribution on the same observations (gradients flow through it); a maskable
+        one with the same masks as the old one
     :param reduction: ``"none"``: the ``(batch,)`` per-sample KLs; ``"batchmean"``: their mean (a scalar)
     :return: finite and >= 0
     """
-    if isinstance(distribution, DiagGaussianDistribution):
+    batchmean = _batchmean(reduction)
+    gaussian = _gaussian(distribution)
+    if gaussian is not None:
         old_mean, old_log_std = old_params.chunk(2, dim=1)
-        kl = gaussian_kl(
-            old_mean, old_log_std, distribution.distribution.mean, _gaussian_log_std(distribution), reduction=reduction
-        )
-        return kl if _batchmean(reduction) else kl.sum(dim=1)
-    if isinstance(distribution, CategoricalDistribution):
-        return categorical_kl(old_params, distribution.distribution.logits, reduction=reduction)
-    if isinstance(distribution, MultiCategoricalDistribution):
-        splits = zip(
-            old_params.split([int(n) for n in distribution.action_dims], dim=1), distribution.distribution, strict=True
-        )
-        per_sample = th.stack([categorical_kl(old, new.logits) for old, new in splits], dim=1).sum(dim=1)
+        kl = gaussian_kl(old_mean, old_log_std, *gaussian, reduction=reduction)
+        return kl if batchmean else kl.sum(dim=1)
+    log_probs = _categorical_log_probs(distribution)
+    if log_probs is not None and len(log_probs) == 1:
+        return categorical_kl(old_params, log_probs[0], reduction=reduction)
+    if log_probs is not None:
+        splits = zip(old_params.split([new.shape[-1] for new in log_probs], dim=1), log_probs, strict=True)
+        per_sample = th.stack([categorical_kl(old, new) for old, new in splits], dim=1).sum(dim=1)
     elif isinstance(distribution, BernoulliDistribution):
         per_sample = bernoulli_kl(old_params, distribution.distribution.logits).sum(dim=1)
     else:
         raise ValueError(f"No analytic KL for {type(distribution).__name__}; use approx_kl")
-    return per_sample.mean() if _batchmean(reduction) else per_sample
+    return _batch_mean(per_sample) if batchmean else per_sample
 
 
 def clamp_log_ratio(log_ratio: th.Tensor) -> th.Tensor:

@@ -8,9 +8,11 @@ the references keep one copy of the observations (and actions, action masks, LST
 the old and the new distribution are compared. Nothing is copied.
 
 The old distribution's parameters come from the buffer where it keeps them (:class:`~sb3_safe.common.buffers.
-KLRolloutBuffer`: those of the pass that acted), else from one no-gradient pass before the update. The KL is
-analytic (:func:`~sb3_safe.common.kl.analytic_kl`) where the family has a closed form; otherwise (gSDE) the
-estimator :func:`~sb3_safe.common.kl.approx_kl` at the stored actions, from the stored log-probabilities.
+KLRolloutBuffer`: those of the pass that acted), else from one no-gradient pass before the update (with the
+rollout's action masks, or its LSTM states). The KL is analytic (:func:`~sb3_safe.common.kl.analytic_kl`) for every
+family of SB3, sb3-contrib and sb3-safe, gSDE and masked categoricals included; only a distribution without a closed
+form (a custom one) falls back to the estimator :func:`~sb3_safe.common.kl.approx_kl` at the stored actions, from the
+stored log-probabilities.
 """
 
 import contextlib
