@@ -25,6 +25,7 @@ from torch.distributions import Bernoulli, Categorical, Independent, kl_divergen
 
 from sb3_safe.common.distributions import (
     DEFAULT_LOGIT_BOUND,
+    PRESQUASH_BOUND,
     BoundedDiagGaussianDistribution,
     BoundedStateDependentNoiseDistribution,
     SafeBernoulliDistribution,
@@ -38,6 +39,7 @@ from sb3_safe.common.kl import (
     analytic_kl,
     approx_kl,
     categorical_kl,
+    clipped_gaussian_kl,
     distribution_params,
     gaussian_kl,
     has_analytic_kl,
@@ -132,13 +134,18 @@ def test_kl_matches_torch(family: str) -> None:
     if family == "multicategorical":
         expected = sum(kl_divergence(p, q) for p, q in zip(old.distribution, new.distribution, strict=True))
     elif family in ("gaussian", "sb3_gaussian", "squashed"):
-        # the squashed one: KL of the pre-squash Gaussians, which is the KL of the squashed distributions
         expected = kl_divergence(Independent(old.distribution, 1), Independent(new.distribution, 1))
     elif family == "categorical":
         expected = kl_divergence(old.distribution, new.distribution)
     else:
         expected = kl_divergence(old.distribution, new.distribution).sum(dim=1)
-    th.testing.assert_close(analytic_kl(distribution_params(old), new), expected, rtol=1e-5, atol=1e-6)
+    kl = analytic_kl(distribution_params(old), new)
+    if family == "squashed":
+        # The clip at +-PRESQUASH_BOUND hides what lies beyond it: at most the pre-squash Gaussians' KL (the exact value
+        # is checked by test_clipped_gaussian_kl_matches_numerical_integration)
+        assert th.all(kl <= expected * (1 + 1e-6)) and th.all(kl > 0)
+    else:
+        th.testing.assert_close(kl, expected, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -199,11 +206,15 @@ def _gsde_pair(cls: type, generator: th.Generator, **kwargs: Any) -> list[Any]:
 @pytest.mark.parametrize("squash_output", [False, True])
 def test_gsde_kl_is_the_kl_of_its_gaussians(cls: type, squash_output: bool) -> None:
     # gSDE's action at a state is the mean plus features @ exploration matrix: a diagonal Gaussian per state, whose
-    # std (the one log_prob uses) is the Normal's; squashed, the pre-squash Gaussians'
+    # std (the one log_prob uses) is the Normal's; squashed, SB3's tanh is a bijection and sb3-safe's clips at the bound
     old, new = _gsde_pair(cls, th.Generator().manual_seed(6), squash_output=squash_output)
     assert has_analytic_kl(old)
     kl = analytic_kl(distribution_params(old), new)
-    expected = kl_divergence(Independent(old.distribution, 1), Independent(new.distribution, 1))
+    p, q = old.distribution, new.distribution
+    if squash_output and cls is BoundedStateDependentNoiseDistribution:
+        expected = clipped_gaussian_kl(p.mean, p.scale.log(), q.mean, q.scale.log()).sum(dim=1)
+    else:
+        expected = kl_divergence(Independent(p, 1), Independent(q, 1))
     th.testing.assert_close(kl, expected, rtol=1e-5, atol=1e-7)
     assert th.all(kl > 0)
 
@@ -258,6 +269,44 @@ def test_masked_kl_is_the_kl_of_the_renormalized_categoricals(family: str) -> No
     new.proba_distribution(th.where(masks, logits[1], 50.0 * th.randn(BATCH, sum(dims), generator=generator)))
     new.apply_masking(masks)
     th.testing.assert_close(analytic_kl(distribution_params(old), new), kl, rtol=1e-6, atol=0)
+
+
+def _clipped_kl_by_integration(mean_p: float, std_p: float, mean_q: float, std_q: float) -> float:
+    """The KL of u ~ N clipped to +-PRESQUASH_BOUND: the density ratio integrated inside, the limits' masses."""
+    p, q = (th.distributions.Normal(th.tensor(m, dtype=th.float64), s) for m, s in ((mean_p, std_p), (mean_q, std_q)))
+    u = th.linspace(-PRESQUASH_BOUND, PRESQUASH_BOUND, 2_000_001, dtype=th.float64)
+    log_p, log_q = p.log_prob(u), q.log_prob(u)
+    inside = th.trapezoid(log_p.exp() * (log_p - log_q), u).item()
+    bound = th.tensor(PRESQUASH_BOUND, dtype=th.float64)
+    limits = [(1 - p.cdf(bound), 1 - q.cdf(bound)), (p.cdf(-bound), q.cdf(-bound))]
+    return inside + sum(mass_p.item() * math.log(mass_p / mass_q) for mass_p, mass_q in limits if mass_p > 0)
+
+
+@pytest.mark.parametrize(
+    "mean_p, std_p, mean_q, std_q",
+    [
+        (0.0, 1.0, 0.1, 1.1),  # a little mass on the limits
+        (2.5, 1.0, 2.8, 0.9),  # much of it on one limit
+        (4.0, 0.5, 5.0, 0.5),  # nearly all: 0.13, where the pre-squash Gaussians' KL is 2
+        (-3.0, 1.0, -2.0, 2.0),
+        (0.0, 3.0, 0.5, 2.5),
+        (0.3, 0.01, 0.31, 0.012),  # none: the pre-squash Gaussians' KL
+        (10.0, 1.0, 20.0, 1.0),  # both beyond the same limit: 1.5e-10, where the Gaussians' KL is 50
+    ],
+)
+def test_clipped_gaussian_kl_matches_numerical_integration(mean_p: float, std_p: float, mean_q: float, std_q: float) -> None:
+    args = [th.tensor([value], dtype=th.float64) for value in (mean_p, math.log(std_p), mean_q, math.log(std_q))]
+    expected = _clipped_kl_by_integration(mean_p, std_p, mean_q, std_q)
+    assert clipped_gaussian_kl(*args).item() == pytest.approx(expected, rel=1e-7, abs=1e-15)
+    # float32 inputs: computed in float64, rounded once
+    assert clipped_gaussian_kl(*(arg.float() for arg in args)).item() == pytest.approx(expected, rel=1e-5, abs=1e-12)
+
+
+def test_clipped_gaussian_kl_gradient_is_exact() -> None:
+    generator = th.Generator().manual_seed(8)
+    args = [(2.0 * th.randn(BATCH, ACTION_DIM, generator=generator, dtype=th.float64)).requires_grad_(True) for _ in range(4)]
+    assert th.autograd.gradcheck(clipped_gaussian_kl, args)
+    assert th.autograd.gradcheck(lambda *inputs: clipped_gaussian_kl(*inputs, reduction="batchmean"), args)
 
 
 def test_gaussian_kl_is_accurate_for_close_distributions() -> None:

@@ -312,8 +312,9 @@ class SquashedBoundedGaussianDistribution(BoundedDiagGaussianDistribution):
 
     Log-probs are finite, with finite gradients, for every finite mean and any log-std parameter; actions beyond
     the limits count as on them. :meth:`entropy` estimates the entropy of the squashed Gaussian before clipping
-    (:func:`squashed_gaussian_entropy`). KL divergences are those of the pre-squash Gaussians: exact while the
-    limits carry no mass, an upper bound otherwise (clipping can only lose information).
+    (:func:`squashed_gaussian_entropy`). SB3's and torch's KL divergences of it are those of the pre-squash Gaussians:
+    exact while the limits carry no mass, an upper bound otherwise (clipping can only lose information);
+    :func:`sb3_safe.common.kl.analytic_kl` gives the exact one (:func:`~sb3_safe.common.kl.clipped_gaussian_kl`).
 
     :param action_dim: dimension of the action space
     :param log_std_range: ``(lo, hi)`` bounds of the log standard deviation

@@ -9,8 +9,10 @@ so the rollout buffer stays small and the KL is analytic for:
 - gSDE (SB3's ``StateDependentNoiseDistribution`` and
   :class:`~sb3_safe.common.distributions.BoundedStateDependentNoiseDistribution`): at each state a diagonal Gaussian
   whose std comes from the features and the exploration matrix's log-std, stored as ``(mean, log_std)`` too;
-- tanh-squashed Gaussians (with or without gSDE): the KL of the pre-squash Gaussians, since KL is invariant under a
-  bijection;
+- tanh-squashed Gaussians, with or without gSDE, stored as the pre-squash ``(mean, log_std)``: SB3's tanh is a
+  bijection, so the KL is the pre-squash Gaussians' (KL is invariant under a bijection); sb3-safe's clips the
+  pre-squash sample at ``+-PRESQUASH_BOUND`` (the limit actions carry the mass beyond), so the KL is the clipped
+  Gaussians' (:func:`clipped_gaussian_kl`), less than the pre-squash Gaussians' where the limits carry mass;
 - Categorical, MultiCategorical: stored as normalized log-probabilities;
 - masked categoricals (sb3-contrib's maskable Categorical, MultiCategorical and Bernoulli, for ``MaskablePPO``, and
   their safe versions): stored as the masked, renormalized log-probabilities. The old and the new distribution of a
@@ -27,6 +29,8 @@ in ``distributions.py``; log-probabilities are floored at ``LOG_PROB_FLOOR``; so
 ``3e34`` per Gaussian dimension and ``1e30`` per categorical, and a batch mean divides before it sums.
 """
 
+import functools
+import math
 from typing import Any, Literal
 
 import torch as th
@@ -47,13 +51,19 @@ from torch.nn import functional as F
 from sb3_safe.common.distributions import (
     DIFFERENCE_LIMIT,
     LOG_STD_LIMIT,
+    PRESQUASH_BOUND,
     Z_SCORE_LIMIT,
     BoundedDiagGaussianDistribution,
     BoundedStateDependentNoiseDistribution,
+    SquashedBoundedGaussianDistribution,
 )
 
 #: |log_ratio| above which it is clamped before ``exp``: ratios stay in [2e-9, 4.9e8]
 LOG_RATIO_LIMIT = 20.0
+
+_INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
+_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+_SQRT_HALF = math.sqrt(0.5)
 
 #: Log-probabilities are floored here (probability ``exp(-1e30)``, 0 in any float): a categorical's KL is then at most
 #: about ``-LOG_PROB_FLOOR`` (the clamped Gaussian's z^2 is at most ``Z_SCORE_LIMIT ** 2``, alike), so sums over
@@ -120,7 +130,7 @@ def distribution_params(distribution: Distribution) -> th.Tensor:
     """
     gaussian = _gaussian(distribution)
     if gaussian is not None:
-        # For the squashed Gaussian these are the pre-squash parameters: KL is invariant under tanh
+        # For a squashed Gaussian these are the pre-squash parameters
         return th.cat(gaussian, dim=1)
     log_probs = _categorical_log_probs(distribution)
     if log_probs is not None:
@@ -207,6 +217,165 @@ def gaussian_kl(
     return _GaussianKL.apply(mean_p, log_std_p, mean_q, log_std_q, _batchmean(reduction))
 
 
+def _is_clipped(distribution: Distribution) -> bool:
+    """Whether actions are sb3-safe's squashed Gaussian, whose limit actions carry the mass beyond the clip points."""
+    if isinstance(distribution, BoundedStateDependentNoiseDistribution):
+        return distribution.bijector is not None
+    return isinstance(distribution, SquashedBoundedGaussianDistribution)
+
+
+def _outward(like: th.Tensor, trailing_dims: int) -> th.Tensor:
+    """``[1, -1]`` (upper clip point, lower) shaped to broadcast over ``trailing_dims`` more dimensions, made on
+    ``like``'s device (a tensor copied from the host would synchronize a GPU)."""
+    signs = 1.0 - 2.0 * th.arange(2, dtype=like.dtype, device=like.device)
+    return signs.view(2, *[1] * trailing_dims)
+
+
+class _ClippedGaussianKL(th.autograd.Function):
+    """
+    The autograd function behind :func:`clipped_gaussian_kl`, in float64 (its terms cancel to first order for close
+    distributions): the forward pass without autograd's bookkeeping and a backward pass from the derivatives below,
+    much cheaper than differentiating its many small operations one by one in every minibatch.
+
+    With ``upper`` and ``lower`` the clip points' z-scores under p (``upper_q``, ``lower_q`` under q), ``L(z)`` the log
+    density ratio at z-score ``z``, ``P`` and ``Q`` a limit's mass under p and q, and ``M_k`` the standard normal's
+    partial moments between ``lower`` and ``upper``:
+
+    - ``dKL/d upper = phi(upper) (L(upper) - log(P / Q) - 1)`` (the integral's end moves, and the limit's mass with
+      it), the opposite sign for ``lower``;
+    - ``dKL/d upper_q = P phi(upper_q) / Q``, the opposite sign for ``lower_q``;
+    - ``dKL/d delta = rho M1 + delta M0``, ``dKL/d 2d = (exp(2d) M2 + rho delta M1 - M0) / 2``;
+
+    then through the z-scores to the inputs, zero through a clamp that is active, as autograd would give.
+    """
+
+    @staticmethod
+    def forward(
+        ctx: Any, mean_p: th.Tensor, log_std_p: th.Tensor, mean_q: th.Tensor, log_std_q: th.Tensor, batchmean: bool
+    ) -> th.Tensor:
+        inputs = (mean_p, log_std_p, mean_q, log_std_q)
+        ctx.shapes = tuple(tensor.shape for tensor in inputs)
+        ctx.dtypes = tuple(tensor.dtype for tensor in inputs)
+        dtype = functools.reduce(th.promote_types, ctx.dtypes)
+        broadcast = th.broadcast_tensors(*(tensor.double() for tensor in inputs))
+        # index 0: p, 1: q
+        means, log_stds = th.stack(broadcast[0::2]), th.stack(broadcast[1::2])
+        clamped_log_stds = log_stds.clamp(-LOG_STD_LIMIT, LOG_STD_LIMIT)
+        inv_stds = th.exp(-clamped_log_stds)
+        # standardize() of the clip points (index 0: upper, 1: lower) under p and q, and of mean_p under q
+        outward = _outward(means, means.dim() - 1)
+        differences = PRESQUASH_BOUND * outward - means.unsqueeze(1)
+        z_scores = (differences.clamp(-DIFFERENCE_LIMIT, DIFFERENCE_LIMIT) * inv_stds.unsqueeze(1)).clamp_(
+            -Z_SCORE_LIMIT, Z_SCORE_LIMIT
+        )
+        mean_difference = means[0] - means[1]
+        delta = mean_difference.clamp(-DIFFERENCE_LIMIT, DIFFERENCE_LIMIT).mul_(inv_stds[1])
+        delta.clamp_(-Z_SCORE_LIMIT, Z_SCORE_LIMIT)
+        double_log_ratio = (clamped_log_stds[0] - clamped_log_stds[1]).mul_(2.0)
+        double_log_ratio.clamp_(-2 * LOG_STD_LIMIT, 2 * LOG_STD_LIMIT)
+        upper, lower = z_scores[0]
+        # p's standard normal: density at the clip points; Phi(upper), Phi(lower), Phi(-upper), Phi(-lower); the mass
+        # between them as a difference of the smaller tails, so that it keeps its precision inside one tail
+        pdf = th.exp(-0.5 * z_scores[0].square()).mul_(_INV_SQRT_2PI)
+        cdf = th.special.ndtr(th.cat([z_scores[0], -z_scores[0]]))
+        mass = th.where(lower > 0.0, cdf[3] - cdf[2], cdf[0] - cdf[1])
+        first = pdf[1] - pdf[0]
+        second = mass + lower * pdf[1] - upper * pdf[0]
+        rho = th.exp(0.5 * double_log_ratio)
+        inside = th.expm1(double_log_ratio) * second + 2.0 * rho * delta * first + (delta.square() - double_log_ratio) * mass
+        # the limits: log P(u >= bound) = log Phi(-upper), log P(u <= -bound) = log Phi(lower), under p and q
+        log_masses = th.special.log_ndtr(-outward * z_scores)
+        masses_p = th.stack([cdf[2], cdf[1]])
+        log_mass_ratios = log_masses[0] - log_masses[1]
+        # Rounding can make the KL of (nearly) equal distributions slightly negative
+        kl = inside.mul_(0.5).add_((masses_p * log_mass_ratios).sum(dim=0)).clamp_(min=0.0)
+        ctx.save_for_backward(
+            log_stds, inv_stds, differences, z_scores, mean_difference, delta, double_log_ratio, rho, mass, first, second,
+            masses_p, log_mass_ratios,
+        )  # fmt: skip
+        ctx.scale = 1.0 / kl.shape[0] if batchmean else 1.0
+        # batchmean: a float64 sum cannot overflow
+        return kl.sum().mul_(ctx.scale).to(dtype) if batchmean else kl.to(dtype)
+
+    @staticmethod
+    def backward(ctx: Any, grad: th.Tensor) -> tuple[th.Tensor | None, ...]:
+        (
+            log_stds, inv_stds, differences, z_scores, mean_difference, delta, double_log_ratio, rho, mass, first, second,
+            masses_p, log_mass_ratios,
+        ) = ctx.saved_tensors  # fmt: skip
+        grad = grad.double() * ctx.scale
+        outward = _outward(mass, mass.dim())
+        # where each clamp lets its input through (else no gradient): the z-scores' (for the means also their
+        # differences'), delta's, 2d's and the log-stds'
+        z_free = (differences.clamp(-DIFFERENCE_LIMIT, DIFFERENCE_LIMIT) * inv_stds.unsqueeze(1)).abs() <= Z_SCORE_LIMIT
+        mean_free = z_free & (differences.abs() <= DIFFERENCE_LIMIT)
+        inv_std_p, inv_std_q = inv_stds
+        delta_free = (mean_difference.clamp(-DIFFERENCE_LIMIT, DIFFERENCE_LIMIT) * inv_std_q).abs() <= Z_SCORE_LIMIT
+        delta_mean_free = delta_free & (mean_difference.abs() <= DIFFERENCE_LIMIT)
+        clamped_log_stds = log_stds.clamp(-LOG_STD_LIMIT, LOG_STD_LIMIT)
+        ratio_free = ((clamped_log_stds[0] - clamped_log_stds[1]) * 2.0).abs() <= 2 * LOG_STD_LIMIT
+        # the inverse Mills ratios phi(z) / P at the clip points, under p and q, as sqrt(2 / pi) / erfcx(+-z / sqrt(2)):
+        # finite (<= |z| + 1) where a limit's mass underflows, 0 where erfcx overflows; p's density is P times p's
+        mills = _SQRT_2_OVER_PI / th.special.erfcx(outward * z_scores * _SQRT_HALF)
+        expm1_ratio = th.expm1(double_log_ratio)
+        moments = (expm1_ratio * second + rho * delta * first) * ratio_free
+        # The chain rule through the z-scores (d/d mean = -1 / std, d/d log_std = -z), delta and 2d, with the terms
+        # grouped by clip point so that each group is exactly 0 for equal distributions (as its gradient is)
+        needs = ctx.needs_input_grad
+        grads: list[th.Tensor | None] = [None] * 4
+        if needs[0] or needs[1]:  # the old distribution's parameters are usually constants
+            pdf = masses_p * mills[0]
+            # L(z) - log(P / Q) - 1 at p's clip points, L the log density ratio
+            excess = (
+                0.5 * (expm1_ratio * z_scores[0].square() + 2.0 * rho * delta * z_scores[0] + delta.square())
+                - 0.5 * double_log_ratio - log_mass_ratios - 1.0
+            )  # fmt: skip
+            by_mean = (outward * pdf * (-excess * inv_std_p * mean_free[0] - rho * inv_std_q * delta_mean_free)).sum(dim=0)
+            grads[0] = by_mean + delta * mass * inv_std_q * delta_mean_free
+            by_log_std = moments - (outward * pdf * z_scores[0] * (excess * z_free[0] + ratio_free)).sum(dim=0)
+            grads[1] = by_log_std * (log_stds[0].abs() <= LOG_STD_LIMIT)
+        if needs[2] or needs[3]:
+            by_mean = (outward * masses_p * (mills[1] * mean_free[1] - rho * mills[0] * delta_mean_free)).sum(dim=0)
+            grads[2] = -inv_std_q * (by_mean + delta * mass * delta_mean_free)
+            by_z_scores = outward * masses_p * (mills[1] * z_scores[1] * z_free[1] - mills[0] * z_scores[0] * ratio_free)
+            by_log_std = -by_z_scores.sum(dim=0) - moments - (rho * first + delta * mass) * delta * delta_free
+            grads[3] = by_log_std * (log_stds[1].abs() <= LOG_STD_LIMIT)
+        # Inputs broadcast in the forward pass get their gradient summed back to their shape
+        return (
+            *(
+                (grad * g).sum_to_size(shape).to(dtype) if g is not None and needed else None
+                for g, shape, dtype, needed in zip(grads, ctx.shapes, ctx.dtypes, needs[:4], strict=True)
+            ),
+            None,
+        )
+
+
+def clipped_gaussian_kl(
+    mean_p: th.Tensor, log_std_p: th.Tensor, mean_q: th.Tensor, log_std_q: th.Tensor, reduction: Reduction = "none"
+) -> th.Tensor:
+    """
+    Element-wise KL of sb3-safe's squashed Gaussians (:func:`~sb3_safe.common.distributions.squash`): ``u ~ N(mean,
+    std)`` clipped to ``+-PRESQUASH_BOUND``, whose limit actions carry the mass beyond. tanh is a bijection inside,
+    so the KL is that of the clipped Gaussians: the pre-squash Gaussians' KL integrated between the clip points, plus
+    ``P_p log(P_p / P_q)`` for the mass ``P`` on each limit. Less than the pre-squash Gaussians' KL by what clipping
+    hides (e.g. about 0 for two means far beyond the same limit).
+
+    With ``z = (u - mean_p) / std_p``, ``log p(u) - log q(u) = ((rho^2 - 1) z^2 + 2 rho delta z + delta^2) / 2 - d``
+    (``d = log_std_p - log_std_q``, ``rho = exp(d)``, ``delta = (mean_p - mean_q) / std_q``), so the integral takes the
+    standard normal's partial moments between the clip points' z-scores. Computed in float64 (its terms cancel to
+    first order for close distributions), with the clamps of :func:`gaussian_kl`: finite, with finite gradients, for
+    all finite inputs.
+
+    :param mean_p: pre-squash mean of the first distribution
+    :param log_std_p: its pre-squash log-std, inside ``[-LOG_STD_LIMIT, LOG_STD_LIMIT]`` (a value beyond is taken as
+        the limit)
+    :param mean_q: pre-squash mean of the second distribution
+    :param log_std_q: its pre-squash log-std, likewise
+    :param reduction: as for :func:`gaussian_kl`
+    """
+    return _ClippedGaussianKL.apply(mean_p, log_std_p, mean_q, log_std_q, _batchmean(reduction))
+
+
 def _batchmean(reduction: Reduction) -> bool:
     if reduction not in ("none", "batchmean"):
         raise ValueError(f"reduction must be 'none' or 'batchmean', got {reduction!r}")
@@ -267,7 +436,8 @@ def analytic_kl(old_params: th.Tensor, distribution: Distribution, reduction: Re
     gaussian = _gaussian(distribution)
     if gaussian is not None:
         old_mean, old_log_std = old_params.chunk(2, dim=1)
-        kl = gaussian_kl(old_mean, old_log_std, *gaussian, reduction=reduction)
+        kl_of = clipped_gaussian_kl if _is_clipped(distribution) else gaussian_kl
+        kl = kl_of(old_mean, old_log_std, *gaussian, reduction=reduction)
         return kl if batchmean else kl.sum(dim=1)
     log_probs = _categorical_log_probs(distribution)
     if log_probs is not None and len(log_probs) == 1:
