@@ -464,12 +464,15 @@ class Outcome:
 
 
 def budgets(scenario: Scenario) -> tuple[int, int]:
-    """The two ``learn()`` budgets: 6 and 4 rollouts (past_end: 3 steps short of the last)."""
+    """
+    The two ``learn()`` budgets: 6 and 4 rollouts (past_end: 3 steps short of the last); with rewards x1e30 6 and 8, as
+    the first updates may read rollouts without a reward yet and the stall is seen at the 10th failing update.
+    """
     size = rollout_size(scenario)
     if scenario.algo in OFF_POLICY:
         first, second = 60, 40
     else:
-        first, second = 6 * size, 4 * size
+        first, second = 6 * size, (8 if scenario.fault == "rewards_1e30" else 4) * size
     return (first - 3, second - 3) if scenario.schedule == "past_end" else (first, second)
 
 
@@ -689,8 +692,11 @@ def check(outcome: Outcome) -> dict[str, list[str]]:
     if s.fault in ONCE and record.fault_fired_at and len(outcome.events) != 1:
         kinds = [f"{event.source}/{event.action}" for event in outcome.events]
         violations["v"].append(f"{len(outcome.events)} events for one fault: {kinds}")
+    # Rewards x1e30 on a dense reward (not normalized by VecNormalize): every update stalls, one stall event. (The
+    # masked task's reward is sparse: a rollout without one trains, and the updates in a row that stall start again)
     stalls = [event.source for event in outcome.events] == ["stall"]
-    if s.fault == "rewards_1e30" and s.guarded and not stalls:  # every update stalls: one stall event, by the 10th
+    dense = s.algo != "MaskablePPO" and not s.normalize
+    if s.fault == "rewards_1e30" and s.guarded and dense and not stalls:
         violations["v"].append(f"rewards x1e30: events {[f'{e.source}/{e.action}' for e in outcome.events]}")
     # (vi) schedules
     violations["vi"] += outcome.schedule_checks

@@ -38,3 +38,16 @@ def test_a_scenario_is_a_function_of_its_seed() -> None:
     assert faults.Scenario.draw(7) == faults.Scenario.draw(7)
     assert len({faults.Scenario.draw(seed) for seed in range(40)}) == 40
     assert {field.name for field in fields(faults.Scenario)} >= {"algo", "callbacks", "mode", "fault", "fault_at"}
+
+
+def test_the_suite_runs_and_reports_violations_per_invariant(tmp_path: object) -> None:
+    from pathlib import Path
+
+    from benchmarks.__main__ import main
+
+    out = Path(str(tmp_path)) / "out"
+    main(["run", "faults", "--size", "tiny", "--jobs", "1", "--out", str(out)])
+    report = (out / "faults.md").read_text()
+    assert "| invariant | scenarios violating it |" in report
+    assert all(f"| {name} | 0 |" in report for name in faults.INVARIANTS)
+    assert "**fault**:" in report and "**callbacks**:" in report

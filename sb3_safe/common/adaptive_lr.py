@@ -151,24 +151,28 @@ class KLAdaptiveLRCallback(BaseCallback):
     collected samples and the first :data:`MEASURED_FIRST` they see of a model (the others are neither measured nor
     undone). Then:
 
-    - if it exceeds ``undo_above * target_kl``, the update is undone (policy, optimizer state and the algorithm's
-      ``rollback_attributes`` restored, as the guard's rollback does) and redone on the same rollout with the
-      learning rate times ``clip(sqrt(target / KL), 0.1, 0.5)``, at most ``max_redos`` times; the next updates
-      run at that rate (PPO-style) or at the rate before the redo divided by ``max_step`` (A2C-style);
+    - if it exceeds ``undo_above * target_kl``, the update is undone (policy, optimizer state, the algorithm's
+      ``rollback_attributes``, update and skip counts restored, as the guard's rollback does) and redone on the same
+      rollout with the learning rate times ``clip(sqrt(target / KL), 0.1, 0.5)``, at most ``max_redos`` times (not
+      at the lowest learning rate: the redo would train at the same one); the next updates run at that rate
+      (PPO-style) or at the rate before the redo divided by ``max_step`` (A2C-style);
     - once ``window_steps`` environment steps have passed since the last decision, the learning rate is multiplied
       by :func:`learning_rate_factor` of the mean KL per update over them (PPO's rollouts of 2,048 steps or more:
-      every update; A2C's of 40: every 52 updates, whose single KLs are mostly noise) and kept inside ``lr_bounds``
-      (also before the first update: a configured learning rate above the bounds starts at the upper bound); a raise
-      waits for ``raise_after`` decisions in a row below ``target_kl / tolerance`` and steps by the highest of their
-      KLs.
+      every update; A2C's of 40: every 52 updates, whose single KLs are mostly noise); a raise waits for
+      ``raise_after`` decisions in a row below ``target_kl / tolerance`` and steps by the highest of their KLs.
 
     The learning rate lives in one scale of the model's schedule (:mod:`sb3_safe.common.schedules`), which
     :class:`~sb3_safe.NonFiniteGuardCallback`'s rollbacks lower too: both act on the same learning rate, it is saved
     with the model (``model.learning_rate``), a rollback brings it back to at most the healthy state's and lowers it
-    by ``lr_decay``, and this callback adapts from there. Logged: ``train/learning_rate`` (SB3's, the learning rate
-    of the kept update), ``train/kl`` (its mean KL), ``train/kl_window`` (the mean KL per update a decision was
-    made on), ``train/lr_scale`` (the schedule's scale) and ``train/redone_updates`` (updates undone and redone so
-    far in this ``learn()``).
+    by ``lr_decay``, and this callback adapts from there. ``lr_bounds`` clamp the rate each step uses (also before
+    the first update: a configured learning rate above them starts at the upper bound; and the tail of a decaying
+    schedule is held at the lower one), never the scale: the saved scale is what the decisions, redos and rollbacks
+    chose, and a decision moves the rate in use as far as the bounds let it. With the guard on the same model, in
+    either order, the two judge each update as one supervisor (:mod:`sb3_safe.common.supervisor`).
+
+    Logged: ``train/learning_rate`` (SB3's, the learning rate of the kept update), ``train/kl`` (its mean KL),
+    ``train/kl_window`` (the mean KL per update a decision was made on), ``train/lr_scale`` (the schedule's scale) and
+    ``train/redone_updates`` (updates undone and redone so far in this ``learn()``).
 
     Why this design (``benchmarks/results/robustness.md`` and ``adaptive_lr.md`` measure it): the KL of the whole
     rollout after the update phase, because a minibatch's KL before its own step is ~0 and one pass over the rollout

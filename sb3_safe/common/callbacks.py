@@ -93,10 +93,21 @@ class NonFiniteGuardCallback(BaseCallback):
       state), the optimizers' hyperparameters, the VecNormalize statistics, and the algorithm's own update state
       named in its ``rollback_attributes`` (``KLAdaptivePPO``'s ``kl_beta``, which the failed update may have
       adapted to a diverged KL);
-    - kept: ``num_timesteps``, ``_n_updates`` and the skipped-step counters (they count what happened), the
-      environment and its last observation, the lowered learning rate and the rollback count. These two are
-      stored on the model (in ``learning_rate`` and in ``nonfinite_guard_rollbacks``), so they survive
-      ``save`` / ``load`` and a resumed ``learn()``: a resumed run does not get a fresh ``max_rollbacks`` budget.
+    - restored too: ``_n_updates`` and the skipped-step counts of sb3-safe's algorithms (they count the kept
+      updates);
+    - kept: ``num_timesteps``, the environment and its last observation, the lowered learning rate and the rollback
+      count. These two are stored on the model (in ``learning_rate`` and in ``nonfinite_guard_rollbacks``), so they
+      survive ``save`` / ``load`` and a resumed ``learn()``: a resumed run does not get a fresh ``max_rollbacks``
+      budget.
+
+    A run that no longer learns is a fault too: ``stall_updates`` updates in a row whose optimizer steps were all
+    skipped, whose logged loss was not finite, or that left the parameters unchanged at a positive learning rate give
+    one stall event naming what was measured (e.g. the largest |return| of the rollouts) and the fix; it raises
+    :class:`~sb3_safe.TrainingStalledError` in ``"raise"`` mode and stops otherwise (a rollback cannot fix it).
+
+    With :class:`~sb3_safe.KLAdaptiveLRCallback` on the same model (or ``adaptive_lr=``), in either order, the two
+    judge each update as one supervisor (:mod:`sb3_safe.common.supervisor`): the guard's healthy state is always an
+    update the adaptive learning rate kept, and nothing it undoes is an update a rollback replaced.
 
     :param on_nonfinite: ``"raise"``: raise :class:`~sb3_safe.NonFiniteError`;
         ``"stop"``: restore the last healthy state, save it to ``save_path`` and end ``learn()`` cleanly;
@@ -123,7 +134,8 @@ class NonFiniteGuardCallback(BaseCallback):
         A2C, SafeA2C and the off-policy algorithms, whose updates are one or a few gradient steps (each optimizer
         step is still checked)
     :param verbose: kept for SB3's callback signature: every event is reported whatever its value, as a
-        :class:`NonFiniteGuardWarning`, a logger WARNING and a line of the JSON-lines report
+        :class:`NonFiniteGuardWarning`, a logger WARNING and a line of the JSON-lines report (in ``"raise"`` mode by
+        the exception and the JSON-lines report: one message per event)
 
     After ``learn()`` returns, :attr:`events` lists what happened and :attr:`stop_reason` says why training was
     stopped (None if it was not).

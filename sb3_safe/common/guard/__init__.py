@@ -7,8 +7,12 @@ The parts of :class:`~sb3_safe.common.callbacks.NonFiniteGuardCallback`, one res
 - :mod:`~sb3_safe.common.guard.cadence`: when the full check runs and, when it passes, commits a snapshot;
 - :mod:`~sb3_safe.common.guard.locate`: the fault locator, which tensors are non-finite and from which source;
 - :mod:`~sb3_safe.common.guard.response`: the response policy, raise, stop or roll back;
+- :mod:`~sb3_safe.common.guard.stall`: training that runs but no longer learns (every step skipped, a non-finite
+  loss, parameters that do not move);
 - :mod:`~sb3_safe.common.guard.report`: the event, its message, and where it goes (warning, logger, JSONL);
-- :mod:`sb3_safe.common.schedules` (outside this package): the learning-rate scaling a rollback applies.
+- :mod:`sb3_safe.common.schedules` (outside this package): the learning-rate scaling a rollback applies;
+- :mod:`sb3_safe.common.supervisor` (outside this package): the one supervisor of each update that the guard and
+  :class:`~sb3_safe.KLAdaptiveLRCallback` share on a model.
 
 The callback builds the parts at the start of each ``learn()`` and calls them from SB3's callback events.
 
@@ -28,9 +32,25 @@ is committed as the healthy snapshot.
 VecNormalize statistics, the algorithm's ``rollback_attributes``; gradients are cleared), multiplies the learning
 rate by ``lr_decay`` through :func:`~sb3_safe.common.schedules.scale_learning_rate` (the schedule, so that it holds
 after SB3's next schedule update, and the optimizers, for the rest of the current ``train()``), and counts the
-rollback on the model (``nonfinite_guard_rollbacks``). Counters are kept: ``num_timesteps``, ``_n_updates``,
-skipped-step counts, the environment and its last observation. If the fault was in this env step's normalized data,
-the callback normalizes it again with the restored statistics. Training goes on.
+rollback on the model (``nonfinite_guard_rollbacks``). The update and skipped-step counts are restored with the
+state (they count the kept updates); ``num_timesteps``, the environment and its last observation are kept. If the
+fault was in this env step's normalized data, the callback normalizes it again with the restored statistics.
+Training goes on.
+
+**One update with the adaptive learning rate** (guard and :class:`~sb3_safe.KLAdaptiveLRCallback` on one model, in
+either order, or ``adaptive_lr=`` plus the guard). Both forward their events to the model's
+:class:`~sb3_safe.common.supervisor.UpdateSupervisor`, which runs them in one order. At the rollout's end the guard
+checks the rollout buffer (a bad value stops training: data cannot be rolled back), then the adaptive learning rate
+records the state before the update (parameters, optimizer state, ``rollback_attributes`` with the skip counts,
+``_n_updates``, the learning-rate scale, the rollout buffer's arrays). ``train()`` runs; each optimizer step is
+checked by the guard's hook, which may roll back (to its healthy state, a kept update) or stop right there, and
+tells the supervisor. At the next rollout's start: if the guard restored a state, the record is dropped and nothing
+is redone (a redo would undo the rollback); otherwise the adaptive learning rate measures the update's KL and may
+undo it (restoring the record, counters too) and redo it at a lower rate, each redone step checked by the guard's
+hook as any other. Only then does the guard judge the kept update: a stall is counted, and the full check, when
+due, copies the state and commits it as the healthy one. So a rollback never restores an undone update, a stop keeps
+in memory the state it saved, and the rate after a rollback is the schedule's (its scale times ``lr_decay``, inside
+the adaptive learning rate's bounds), not one an optimizer held from before a redo.
 """
 
 from sb3_safe.common.guard.cadence import FullCheckCadence
