@@ -549,18 +549,26 @@ def test_resumed_run_keeps_the_rollback_budget_and_count(tmp_path: Any) -> None:
     assert guard.stop_reason is not None and "max_rollbacks=1" in guard.stop_reason
 
 
-def test_stop_and_rollback_warn_and_write_the_report_without_a_log_folder_or_verbose(tmp_path: Any) -> None:
-    """With SB3's default verbose=0 and no logger folder, a stop is not silent: a warning, a report, a reason."""
+@pytest.mark.parametrize("report_dir", [False, True])
+def test_stop_and_rollback_warn_without_a_log_folder_or_verbose_and_write_the_report_where_asked(
+    report_dir: bool, tmp_path: Any
+) -> None:
+    """With SB3's default verbose=0 and no logger folder, a stop is not silent: a warning and a reason; the report
+    file only where asked (report_dir) or where the logger writes files, never in the current directory."""
     env = FaultyEnv(inf_reward_at=30)
     model = PPO("MlpPolicy", env, n_steps=32, batch_size=32, seed=0, device="cpu", policy_kwargs=tiny())
-    guard = NonFiniteGuardCallback(on_nonfinite="stop")
+    guard = NonFiniteGuardCallback(on_nonfinite="stop", report_dir=str(tmp_path / "reports") if report_dir else None)
     with pytest.warns(NonFiniteGuardWarning, match="reward of env 0") as warned:
         model.learn(2000, callback=guard)
     guard_warnings = [warning for warning in warned if issubclass(warning.category, NonFiniteGuardWarning)]
     assert model.num_timesteps < 2000 and len(guard_warnings) == 1
     assert guard.stop_reason is not None and str(guard_warnings[0].message) == guard.stop_reason
-    report = tmp_path / REPORT_FILENAME  # the current directory
-    assert [json.loads(line)["action"] for line in report.read_text().splitlines()] == ["stop"]
+    assert not (tmp_path / REPORT_FILENAME).exists()  # the current directory
+    if report_dir:
+        report = tmp_path / "reports" / REPORT_FILENAME
+        assert [json.loads(line)["action"] for line in report.read_text().splitlines()] == ["stop"]
+    else:
+        assert guard.report_folder is None
 
     model = small_ppo()
     CorruptAfterOptimizerStep(model, model.policy.optimizer, {3}, first_weight_nan(model))

@@ -375,6 +375,9 @@ def test_save_path_that_cannot_be_written_fails_at_construction(tmp_path: Any) -
         NonFiniteGuardCallback(on_nonfinite="stop", save_path=str(tmp_path / "afile" / "healthy"))
     with pytest.raises(ValueError, match=r"save_path must be a file path .*got a folder"):
         NonFiniteGuardCallback(on_nonfinite="stop", save_path=str(tmp_path))
+    # Permission bits let root write anywhere; /proc refuses any new file anyway (issue 37: it was accepted)
+    with pytest.raises(ValueError, match=r"save_path='/proc/nope/x' cannot be written: /proc refuses a new file"):
+        NonFiniteGuardCallback(on_nonfinite="stop", save_path="/proc/nope/x")
     NonFiniteGuardCallback(on_nonfinite="stop", save_path=str(tmp_path / "new" / "folders" / "healthy.zip"))  # created
 
 

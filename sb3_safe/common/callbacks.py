@@ -120,7 +120,8 @@ class NonFiniteGuardCallback(BaseCallback):
         before the guard stops training instead
     :param check_gradients: also check the gradients before every optimizer step
     :param report_dir: folder for the JSON-lines event report (``nonfinite_guard.jsonl``);
-        None: the logger's folder, or the current directory when the logger writes no files
+        None: the logger's folder when the logger writes files there, else no report file (the events are in the
+        warnings, the logger's output and :attr:`events`)
     :param collapse_patience: environment steps with a log-std at a bound of its range before an
         :class:`~sb3_safe.common.exploration.ExplorationWarning` (finite, but no longer exploring, or only noise);
         environment steps mean the same amount of training for every algorithm, where updates do not
@@ -406,10 +407,10 @@ class NonFiniteGuardCallback(BaseCallback):
         return vec_normalize_path(self.save_path)
 
     @property
-    def report_folder(self) -> str:
+    def report_folder(self) -> str | None:
         """
-        Where ``nonfinite_guard.jsonl`` goes: ``report_dir``, else the logger's folder if the logger writes there
-        (SB3's default logger has a temporary folder it writes nothing to), else the current directory.
+        Where ``nonfinite_guard.jsonl`` goes: ``report_dir``, else the logger's folder if the logger writes files
+        there (SB3's default logger has a temporary folder it writes nothing to); None: no report file.
         """
         return report.report_folder(self.report_dir, self.logger)
 

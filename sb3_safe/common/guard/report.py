@@ -10,7 +10,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Any
 
-from stable_baselines3.common.logger import WARN, Logger
+from stable_baselines3.common.logger import WARN, HumanOutputFormat, Logger
 
 from sb3_safe.common.guard.locate import ENVIRONMENT, MODEL, NORMALIZATION, ROLLOUT, STALL
 from sb3_safe.common.numerics import NonFiniteTensor
@@ -136,16 +136,17 @@ def describe_statistics(stats: dict[str, Any]) -> str:
     return f"Last healthy state (timestep {stats['timestep']}): " + ", ".join(parts) + "."
 
 
-def report_folder(report_dir: str | None, logger: Logger) -> str:
+def report_folder(report_dir: str | None, logger: Logger) -> str | None:
     """
-    Where ``nonfinite_guard.jsonl`` goes: ``report_dir``, else the logger's folder if the logger writes there
-    (SB3's default logger has a temporary folder it writes nothing to), else the current directory.
+    Where ``nonfinite_guard.jsonl`` goes: ``report_dir``, else the logger's folder if the logger writes files there
+    (SB3's default logger has a temporary folder it writes nothing to; stdout is no folder); None: nowhere (the
+    events are in the warnings, the logger and the callback's ``events``), as nothing was asked to be written.
 
     :param report_dir: the folder asked for, or None
     :param logger: the model's logger
     """
-    logger_folder = logger.get_dir() if logger.output_formats else None
-    return report_dir or logger_folder or os.getcwd()
+    writes_files = any(not isinstance(output, HumanOutputFormat) or output.own_file for output in logger.output_formats)
+    return report_dir or (logger.get_dir() if writes_files else None)
 
 
 def record_counts(logger: Logger, n_events: int, n_rollbacks: int) -> None:
@@ -174,6 +175,8 @@ def publish(event: GuardEvent, logger: Logger, report_dir: str | None) -> None:
         # stacklevel 2: the warning points at the callback that handled the event, the caller
         warnings.warn(event.message, NonFiniteGuardWarning, stacklevel=2)
     folder = report_folder(report_dir, logger)
+    if folder is None:
+        return
     os.makedirs(folder, exist_ok=True)
     with open(os.path.join(folder, REPORT_FILENAME), "a", encoding="utf-8") as file:
         file.write(json.dumps(event.to_dict()) + "\n")

@@ -3,6 +3,7 @@ The response policy: what the guard does about a located fault (raise, stop or r
 """
 
 import os
+import tempfile
 from collections.abc import Callable
 from typing import Any, Literal, get_args
 
@@ -58,8 +59,12 @@ def _check_save_path(save_path: str) -> None:
         folder = os.path.dirname(folder)
     if not os.path.isdir(folder):
         raise ValueError(f"save_path={save_path!r} cannot be written: {folder} is a file, not a folder")
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise ValueError(f"save_path={save_path!r} cannot be written: no write permission in {folder}")
+    try:  # (permission bits say too little: root passes them, /proc and read-only mounts refuse anyway)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as error:
+        refused = f"{folder} refuses a new file ({error.strerror})"
+        raise ValueError(f"save_path={save_path!r} cannot be written: {refused}") from None
 
 
 def vec_normalize_path(save_path: str | None) -> str | None:
