@@ -120,8 +120,9 @@ class KLAdaptiveLRCallback(BaseCallback):
     Adapt the learning rate of any on-policy algorithm (PPO, A2C, KLAdaptivePPO, SafeA2C, sb3-contrib's MaskablePPO
     and RecurrentPPO), with any policy, to the exact KL between the policy before and after each update.
 
-    After each update phase the mean ``KL(pi_old || pi_new)`` over the whole rollout is measured (analytic per
-    distribution family; the estimator for gSDE) on the rollout's own observations, in collection order; A2C-style
+    After each update phase the mean ``KL(pi_old || pi_new)`` over the whole rollout is measured (analytic for every
+    distribution family: Gaussian, squashed, gSDE, categorical, masked, multi-categorical, Bernoulli) on the rollout's
+    own observations, in collection order; A2C-style
     algorithms, whose updates are a few environment steps each, measure one update per :data:`MEASURED_SAMPLES`
     collected samples and the first :data:`MEASURED_FIRST` they see of a model (the others are neither measured nor
     undone). Then:
