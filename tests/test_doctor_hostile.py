@@ -17,6 +17,7 @@ import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
+import cloudpickle
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -275,14 +276,62 @@ def test_nested_torch_bytes_are_scanned(model_zip: Path, tmp_path: Path, capsys:
 
 
 def test_a_lambda_learning_rate_is_code_in_the_file(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    """cloudpickle stores a lambda's code: loading builds it, and a pickle can call what it builds."""
-    model = PPO("MlpPolicy", "CartPole-v1", learning_rate=lambda progress: 3e-4 * progress, n_steps=16, batch_size=16)
-    model.save(tmp_path / "lambda.zip")
-    status, out, _ = _doctor(tmp_path / "lambda.zip", capsys)
+    """
+    cloudpickle stores a lambda's code: loading builds it (exit 1). SB3 documents lambda schedules, so the report
+    says what the function is, that this is expected for a schedule the user wrote, and how to load without it.
+    """
+    path = tmp_path / "lambda.zip"
+    # Saved by a script, as a user saves it: the lambda is defined in __main__ (SB3's documented schedule)
+    script = (
+        "from stable_baselines3 import PPO\n"
+        "model = PPO('MlpPolicy', 'CartPole-v1', learning_rate=lambda progress: 3e-4 * progress, n_steps=16)\n"
+        f"model.save({str(path)!r})\n"
+    )
+    subprocess.run([sys.executable, "-c", script], check=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    status, out, _ = _doctor(path, capsys)
     assert status == EXIT_UNHEALTHY
-    assert 'data["learning_rate"]: loading this file would run code from cloudpickle.cloudpickle._make_function' in out
-    assert "a function pickled by value, its code stored in the file" in out
-    assert out.count("loading this file would run code from") == 2  # learning_rate and lr_schedule, one line each
+    assert "UNSAFE" not in out and "loading this file would run code from" not in out
+    assert "CODE: these items hold functions stored with their code, which loading runs:" in out
+    # learning_rate and lr_schedule (SB3's FloatSchedule holding the lambda), one line each
+    assert "  learning_rate: <lambda>, a function defined in __main__ (the script that saved the model)" in out
+    assert "  lr_schedule: <lambda>, a function defined in __main__" in out
+    assert "Expected for a learning rate or schedule you wrote as a lambda or a function of your script" in out
+    replacements = '{"learning_rate": 0.0, "lr_schedule": 0.0}'
+    assert f"PPO.load({str(path)!r}, custom_objects={replacements}) to predict" in out
+    # The line's advice works: the items are replaced unread, and the model predicts
+    loaded = PPO.load(path, custom_objects={"learning_rate": 0.0, "lr_schedule": 0.0}, device="cpu")
+    loaded.predict(np.zeros(4, dtype=np.float32))
+    assert f"sb3-safe doctor --dis 'data[\"learning_rate\"]' {path}" in out
+    status, out, _ = _doctor(path, capsys, "--json")
+    stored = json.loads(out)["stored_functions"]
+    assert stored == [{"key": key, "module": "__main__", "qualname": "<lambda>"} for key in ("learning_rate", "lr_schedule")]
+
+
+def test_a_stored_function_of_a_module_and_other_code_beside_it(
+    model_zip: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """A function defined in a module is named by its module; code beside a stored function is still UNSAFE."""
+
+    def make_schedule(start: float):
+        return lambda progress: start * progress
+
+    schedule = make_schedule(3e-4)
+    schedule.__module__ = "my_project.schedules"  # as if defined there: cloudpickle stores the module it names
+    pickled = cloudpickle.dumps(schedule)
+    system_call = pickle.dumps(Reduce(os.system, "true"))
+    path = rewrite_zip(
+        model_zip,
+        tmp_path / "closure.zip",
+        data=lambda data: data | {"clip_range": serialized(pickled), "extra": serialized(system_call)},
+    )
+    status, out, _ = _doctor(path, capsys)
+    assert status == EXIT_UNHEALTHY
+    assert "CODE: this item holds a function stored with its code, which loading runs:" in out
+    qualname = f"{test_a_stored_function_of_a_module_and_other_code_beside_it.__name__}.<locals>.make_schedule.<locals>"
+    assert f"  clip_range: {qualname}.<lambda>, a function defined in my_project.schedules\n" in out
+    assert 'custom_objects={"clip_range": 0.0}' in out
+    assert "UNSAFE: loading this file would run code that SB3 / sb3-contrib / sb3-safe model files never need (1 " in out
+    assert f'data["extra"]: loading this file would run code from {SYSTEM}' in out
 
 
 def test_trusted_module_and_dis(model_zip: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

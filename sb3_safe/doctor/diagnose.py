@@ -24,7 +24,7 @@ from sb3_safe.doctor.pickles import (
     scan_pickle_file,
     scan_torch_entry,
 )
-from sb3_safe.doctor.report import DoctorReport
+from sb3_safe.doctor.report import DoctorReport, StoredFunction
 from sb3_safe.doctor.scan import PickleScan, printable
 from sb3_safe.doctor.tensors import VARIABLE_ENTRIES, check_state_dict, check_tensors, check_variables, load_torch_entry
 
@@ -54,6 +54,21 @@ def _in_file(path: Path) -> Iterator[None]:
         yield
     except UnreadableModelError as error:
         raise UnreadableModelError(f"{path}: {error}") from None
+
+
+def resolve_path(path: str | Path) -> Path:
+    """
+    The file a path names as SB3's loaders find it: a path that does not exist is tried with ``.zip`` (``load``)
+    and ``.pkl`` (``load_replay_buffer``) appended.
+
+    :param path: the path as given
+    :return: the path, or the first of those that is a file
+    """
+    path = Path(path)
+    if path.exists():
+        return path
+    with_suffix = [path.with_name(f"{path.name}.{suffix}") for suffix in ("zip", "pkl")]
+    return next((candidate for candidate in with_suffix if candidate.is_file()), path)
 
 
 def _read_entries(path: Path, limits: SizeLimits) -> tuple[bytes, dict[str, bytes]]:
@@ -180,14 +195,14 @@ def diagnose(
     :data:`~sb3_safe.common.exploration.STOCK_LOG_STD_RANGE` (other policies), its other tensors against
     :data:`~sb3_safe.doctor.report.WEIGHT_LIMIT`.
 
-    :param path: the model ``.zip``
+    :param path: the model ``.zip`` (``.zip`` may be left out, as for SB3's ``load``)
     :param top: how many of the largest policy tensors to report
     :param limits: how much of the file may be read (default :class:`~sb3_safe.doctor.archive.SizeLimits`)
     :param trusted_modules: modules whose classes the file may name besides SB3's (the user's own)
     :return: the report
     :raises UnreadableModelError: if the file is not a readable SB3 model (and names nothing unsafe)
     """
-    path = Path(path)
+    path = resolve_path(path)
     limits = limits or SizeLimits()
     rules = Allowlist(trusted_modules)
     if path.is_file() and _is_pickle_file(path):
@@ -203,6 +218,11 @@ def diagnose(
             raise UnreadableModelError(pickles.problems[0])
 
     report = DoctorReport(str(path), unsafe=pickles.findings, unchecked=list(pickles.problems))
+    report.stored_functions = [
+        StoredFunction(key, scan.function_names.get("__module__"), scan.function_names.get("__qualname__"))
+        for key, scan in pickles.scans.items()
+        if any(finding.builds_code for finding in scan.findings)
+    ]
     _read_metadata(data, pickles.scans, report)
     with _in_file(path):
         params, variables, variables_entry = _load_tensors(torch_entries, pickles.unsafe_entries, report)
@@ -258,7 +278,7 @@ def disassemble(path: str | Path, entry: str, out: TextIO, limits: SizeLimits | 
     :param limits: how much of the file may be read
     :raises UnreadableModelError: if there is no such pickle
     """
-    for name, pickle in _pickles_of(Path(path), entry, limits or SizeLimits()):
+    for name, pickle in _pickles_of(resolve_path(path), entry, limits or SizeLimits()):
         print(f"{name}:", file=out)
         # torch's legacy format is several pickles in a row
         while pickle.tell() < len(pickle.getbuffer()):

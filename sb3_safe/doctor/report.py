@@ -6,7 +6,8 @@ from typing import Any
 
 from sb3_safe.common.exploration import STOCK_LOG_STD_RANGE
 from sb3_safe.common.numerics import NonFiniteTensor
-from sb3_safe.doctor.scan import Finding
+from sb3_safe.doctor.pickles import data_item_entry
+from sb3_safe.doctor.scan import Finding, printable
 
 #: Largest healthy |value| of a policy weight: float32 values from 2^13 (8192) on are 2^-10 (~1e-3) apart, so an
 #: Adam step of PPO's default learning rate (3e-4, less than half that) rounds away: the weight cannot be trained
@@ -42,6 +43,30 @@ class BeyondLimit:
 
 
 @dataclass
+class StoredFunction:
+    """
+    An item of a model's ``data`` that holds a function stored with its code (cloudpickle pickles a lambda or a
+    function of a script by value): what a lambda learning rate or schedule looks like in the file.
+
+    :param key: the item, e.g. ``learning_rate``
+    :param module: the module the function says it was defined in (``__main__``: a script), if the file says
+    :param qualname: the function's qualified name (``<lambda>``), if the file says
+    """
+
+    key: str
+    module: str | None = None
+    qualname: str | None = None
+
+    def __str__(self) -> str:
+        name = f"{self.qualname}, a function" if self.qualname else "a function"
+        if self.module is None:
+            where = " (the file does not say where it was defined)"
+        else:
+            where = f" defined in {self.module}" + (" (the script that saved the model)" if self.module == "__main__" else "")
+        return f"{self.key}: {name}{where}"
+
+
+@dataclass
 class DoctorReport:
     """
     What ``doctor`` found in a saved model.
@@ -63,6 +88,8 @@ class DoctorReport:
     :param log_std_limits_source: where ``log_std_limits`` comes from
     :param beyond_limits: the policy tensors with finite values beyond ``log_std_limits`` or :data:`WEIGHT_LIMIT`
     :param largest: the policy tensors with the largest |value|, largest first, as (name, max |value|)
+    :param stored_functions: the items of ``data`` that hold a function stored with its code (a lambda learning
+        rate): their findings in ``unsafe`` are reported apart, with the ``custom_objects`` that replace them
     """
 
     path: str
@@ -81,6 +108,7 @@ class DoctorReport:
     log_std_limits_source: str = "the range for stock policies"
     beyond_limits: list[BeyondLimit] = field(default_factory=list)
     largest: list[tuple[str, float]] = field(default_factory=list)
+    stored_functions: list[StoredFunction] = field(default_factory=list)
 
     @property
     def healthy(self) -> bool:
@@ -99,6 +127,7 @@ class DoctorReport:
                 {"entry": finding.entry, "target": finding.target, "detail": finding.detail, "message": str(finding)}
                 for finding in self.unsafe
             ],
+            "stored_functions": [vars(function) for function in self.stored_functions],
             "unchecked": self.unchecked,
             "tensors_checked": self.tensors_checked,
             "pickle_only": self.pickle_only,
@@ -128,16 +157,20 @@ class DoctorReport:
         if self.pickle_only:
             about = "a pickle, not a model zip: VecNormalize's statistics or a replay buffer"
         lines = [f"{self.path}" + (f" ({about})" if about else "")]
-        if self.unsafe:
+        stored = {data_item_entry(function.key) for function in self.stored_functions}
+        unsafe = [finding for finding in self.unsafe if not (finding.builds_code and finding.entry in stored)]
+        if unsafe:
             lines.append(
                 "UNSAFE: loading this file would run code that SB3 / sb3-contrib / sb3-safe model files never need "
-                f"({len(self.unsafe)} finding{'s' if len(self.unsafe) > 1 else ''}). Do not load it."
+                f"({len(unsafe)} finding{'s' if len(unsafe) > 1 else ''}). Do not load it."
             )
-            lines += [f"  {finding}" for finding in self.unsafe]
+            lines += [f"  {finding}" for finding in unsafe]
             lines.append(
-                f"  Inspect without running anything: sb3-safe doctor --dis {dis_argument(self.unsafe[0].entry)} "
+                f"  Inspect without running anything: sb3-safe doctor --dis {dis_argument(unsafe[0].entry)} "
                 f"{self.path} (pickletools), or fickling. A class of your own: --trust MODULE."
             )
+        if self.stored_functions:
+            lines += self._stored_function_lines()
         lines += [f"Not checked: {part}" for part in self.unchecked]
         if self.pickle_only and not self.unsafe:
             lines.append(
@@ -175,6 +208,27 @@ class DoctorReport:
             lines.append("Largest |weight|:")
             lines += [f"  {name}: {value:.4g}" for name, value in self.largest]
         return "\n".join(lines)
+
+    def _stored_function_lines(self) -> list[str]:
+        """What the stored functions are, that they are expected for a schedule you wrote, and how to load without them."""
+        functions = self.stored_functions
+        several = len(functions) > 1
+        lines = [
+            f"CODE: {'these items hold functions' if several else 'this item holds a function'} stored with "
+            f"{'their' if several else 'its'} code, which loading runs:"
+        ]
+        lines += [f"  {function}" for function in functions]
+        replacements = ", ".join(printable(f'"{function.key}": 0.0') for function in functions)
+        lines += [
+            "  Expected for a learning rate or schedule you wrote as a lambda or a function of your script: SB3 "
+            "saves it with its code. In a file you did not write it can be any code: do not load that file as it is.",
+            f"  Load it without running {'them' if several else 'it'}: custom_objects replaces the items unread, "
+            f"e.g. PPO.load({self.path!r}, custom_objects={{{replacements}}}) to predict (to train on: your schedule "
+            "for learning_rate); sb3_safe.load(PPO, ..., custom_objects=...) also refuses any other code.",
+            f"  Inspect without running anything: sb3-safe doctor --dis {dis_argument(data_item_entry(functions[0].key))} "
+            f"{self.path}",
+        ]
+        return lines
 
 
 def dis_argument(entry: str) -> str:

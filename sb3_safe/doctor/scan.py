@@ -31,6 +31,8 @@ _MUTATING_OPCODES = {"APPEND": 2, "APPENDS": None, "SETITEM": 3, "SETITEMS": Non
 #: (APPEND(S) on what is not a list), ``add`` (ADDITEMS on what is not a set). BUILD's state sets attributes on the
 #: object it builds, so a dict with such a key can make loading call any global the pickle names, allowed or not
 _CALLED_ATTRIBUTES = frozenset({"__setstate__", "append", "extend", "add"})
+#: The items of a function's state that say where it was defined
+_FUNCTION_NAMES = ("__module__", "__qualname__")
 
 
 #: Most opcodes read from one pickle: a real one has at most a few million (torch's pickle of 100,000 tensors);
@@ -117,6 +119,8 @@ class PickleScan:
     :param nested: pickles carried inside it as bytes and loaded by a call (``torch.storage._load_from_bytes``),
         as (entry, bytes): to be scanned as torch files too
     :param error: why the opcodes stop being a valid pickle, if they do (the unpickler stops there too)
+    :param function_names: the first ``__module__`` and ``__qualname__`` items of the pickle's dicts: where a
+        function stored with its code says it was defined (cloudpickle's state of the function), as the file says
     """
 
     entry: str
@@ -125,6 +129,7 @@ class PickleScan:
     findings: list[Finding] = field(default_factory=list)
     nested: list[tuple[str, bytes]] = field(default_factory=list)
     error: str | None = None
+    function_names: dict[str, str] = field(default_factory=dict)
 
 
 class _Mark:
@@ -213,6 +218,13 @@ class _Machine:
             # APPEND / SETITEM / BUILD on a class or function: its methods run, its attributes change
             self.flag(str(target), "the pickle changes it (appends to it, sets items or attributes)")
 
+    def read_items(self, items: list[Any]) -> None:
+        """Check the keys of a dict's items; keep the names a stored function gives itself."""
+        self.check_keys(items[0::2])
+        for key, value in zip(items[0::2], items[1::2], strict=False):
+            if key in _FUNCTION_NAMES and isinstance(value, str):
+                self.scan.function_names.setdefault(key, printable(value))
+
     def check_keys(self, keys: list[Any]) -> None:
         """Flag dict keys that can set an attribute the unpickler calls (through BUILD's state)."""
         for key in keys:
@@ -281,10 +293,10 @@ class _Machine:
             depth = _MUTATING_OPCODES[name]
             items = self.pop_to_mark() if depth is None else [self.pop() for _ in range(depth - 1)][::-1]
             if name.startswith("SETITEM"):
-                self.check_keys(items[0::2])
+                self.read_items(items)
             self.mutate(self.top())
         elif name == "DICT":
-            self.check_keys(self.pop_to_mark()[0::2])
+            self.read_items(self.pop_to_mark())
             self.stack.append(_BUILT)
         elif name in ("TUPLE1", "TUPLE2", "TUPLE3"):
             items = [self.pop() for _ in range(int(name[-1]))]
