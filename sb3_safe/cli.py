@@ -63,13 +63,16 @@ def _add_doctor(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]
             f"[{STOCK_LOG_STD_RANGE[0]:g}, {STOCK_LOG_STD_RANGE[1]:g}] (other policies), a policy weight with "
             f"|value| > {WEIGHT_LIMIT:g} (the reasons: sb3_safe.doctor). "
             "It does not make SB3's load safe: load still unpickles the file. "
-            "Exit status: 0 healthy; 1 unhealthy (code beyond what SB3 model files need, NaN / inf, values beyond "
-            "the limits); 2 not a readable SB3 model (not a zip, damaged, an entry missing or of the wrong shape, "
-            "beyond the size limits, a directory), with one line on stderr."
+            "Exit status: 0 healthy; 1 unhealthy (code beyond what SB3 model files need, a lambda learning rate "
+            "stored with its code included, NaN / inf, values beyond the limits); 2 not a readable SB3 model (not "
+            "a zip, damaged, an entry missing or of the wrong shape, beyond the size limits, a directory), with one "
+            "line on stderr."
         ),
     )
     parser.add_argument(
-        "path", help="the model .zip (or a pickle SB3 writes: vecnormalize.pkl, a replay buffer: its globals are checked)"
+        "path",
+        help="the model .zip (.zip may be left out, as for SB3's load), or a pickle SB3 writes: vecnormalize.pkl, a "
+        "replay buffer (its globals are checked)",
     )
     parser.add_argument("--top", type=int, default=5, help="how many of the largest weights to list (default: 5)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -165,15 +168,17 @@ def _add_train(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]"
             "Run rl-baselines3-zoo's trainer (python -m rl_zoo3.train) with sb3-safe's algorithms registered:\n"
             "  kl_ppo    KLAdaptivePPO\n"
             "  safe_a2c  SafeA2C\n"
-            "Every rl_zoo3.train option is accepted (listed below). Without --conf-file, kl_ppo, safe_a2c and\n"
-            "ppo_lstm (RecurrentPPO with the safe LSTM policies) use sb3-safe's packaged zoo_configs/<algo>.yml;\n"
-            "the other stock algorithms use rl_zoo3's own.\n"
+            "Every rl_zoo3.train option is accepted (listed below). Without --conf-file, the algorithms with a\n"
+            "packaged configuration (kl_ppo, safe_a2c, ppo, a2c, ppo_lstm) use it: sb3-safe's zoo_configs/<algo>.yml,\n"
+            "rl-zoo's tuned values with the safe policies and the guard; the other algorithms use rl_zoo3's own.\n"
+            "The run's first line names the configuration file, its entry and whether the guard is on.\n"
             "After training (not -optimize) the saved model is evaluated for --eval-episodes episodes and\n"
             "the training returns are plotted to learning_curve.png next to it.\n"
             "A model continued with -i (and its vecnormalize.pkl, replay_buffer.pkl) is loaded as sb3_safe.load\n"
             "loads it: refused if its pickles name or call more than SB3 files need (--trust MODULE: your own).\n"
             "Exit status: 0 done, 2 bad input (an option, the configuration file, a hyperparameter, the trial\n"
-            "of --trial-id, a refused model), with one line on stderr, before training starts."
+            "of --trial-id, a refused model, an environment whose package is missing), with one line on stderr,\n"
+            "before training starts, leaving no empty folder behind."
         ),
     )
     parser.add_argument("--no-report", action="store_true", help="skip the final evaluation and the learning-curve plot")

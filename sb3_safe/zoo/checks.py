@@ -12,6 +12,7 @@ from pathlib import Path
 
 import gymnasium as gym
 import yaml
+from gymnasium.envs.registration import load_env_creator
 from huggingface_sb3 import EnvironmentName
 from huggingface_sb3.load_from_hub import strtobool
 from rl_zoo3 import ALGOS
@@ -47,11 +48,19 @@ def check_algo(algo: str) -> None:
 def check_env(env_id: str) -> None:
     """
     :param env_id: a gymnasium environment id
-    :raises ZooUsageError: naming the close matches, if gymnasium's registry does not hold it
+    :raises ZooUsageError: naming the close matches, if gymnasium's registry does not hold it; or the package to
+        install, if its module needs one that is missing (Box2D, MuJoCo)
     """
     if env_id not in gym.registry:
         hint = did_you_mean(env_id, gym.registry) or "; no close match in gymnasium's registry"
         raise ZooUsageError(f"unknown environment id {env_id!r}{hint}")
+    entry_point = gym.registry[env_id].entry_point
+    if isinstance(entry_point, str):
+        # Imported here, as gymnasium.make imports it: a missing dependency is bad input, not a crash of the run
+        try:
+            load_env_creator(entry_point)
+        except (ImportError, gym.error.DependencyNotInstalled) as error:
+            raise ZooUsageError(f"environment {env_id}: {one_line(str(error))}") from error
 
 
 def _yaml_error(error: yaml.YAMLError) -> str:

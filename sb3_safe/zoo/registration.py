@@ -25,11 +25,11 @@ from sb3_safe.zoo.errors import ZooUsageError
 
 #: sb3-safe's algorithms under their zoo names
 ZOO_ALGOS: dict[str, type[BaseAlgorithm]] = {"kl_ppo": KLAdaptivePPO, "safe_a2c": SafeA2C}
-#: Stock zoo algorithms that also train with their packaged configuration without ``--conf-file``: RecurrentPPO
-#: with sb3-safe's recurrent policies (rl_zoo3's own ppo_lstm.yml names a policy RecurrentPPO lacks in "default")
-PACKAGED_BY_DEFAULT = ("ppo_lstm",)
 #: the packaged zoo configurations, one ``<algo>.yml`` per algorithm
 CONFIG_DIR = Path(__file__).parent.parent / "zoo_configs"
+#: The zoo algorithms that train with their packaged configuration without ``--conf-file`` (the safe policies and the
+#: guard): every algorithm with a file in CONFIG_DIR, sb3-safe's own and the stock ones (ppo, a2c, ppo_lstm)
+PACKAGED_BY_DEFAULT = tuple(sorted(path.stem for path in CONFIG_DIR.glob("*.yml")))
 
 
 def register() -> None:
@@ -44,7 +44,7 @@ def config_path(algo: str) -> Path:
     """
     The packaged zoo configuration of an algorithm.
 
-    :param algo: ``kl_ppo``, ``safe_a2c``, ``ppo`` or ``a2c``
+    :param algo: an algorithm of :data:`PACKAGED_BY_DEFAULT`
     :return: the path of ``zoo_configs/<algo>.yml`` inside the installed package
     """
     path = CONFIG_DIR / f"{algo}.yml"

@@ -4,7 +4,7 @@ algorithms registered, after the checks of their input, and for ``train`` follow
 """
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import rl_zoo3.train
@@ -15,7 +15,8 @@ from sb3_safe.loading import secure_reading
 from sb3_safe.zoo.checks import check_config_file, check_trained_agent
 from sb3_safe.zoo.command import checked_options, rl_zoo3_command
 from sb3_safe.zoo.config_errors import explained_config_errors
-from sb3_safe.zoo.registration import PACKAGED_BY_DEFAULT, ZOO_ALGOS, config_path
+from sb3_safe.zoo.configuration import configuration_line
+from sb3_safe.zoo.registration import PACKAGED_BY_DEFAULT, config_path
 from sb3_safe.zoo.report import RunReport, report_run
 from sb3_safe.zoo.storage import check_trial, open_storage
 
@@ -24,11 +25,26 @@ def _run_folders(folder: str, algo: str, env_id: str) -> set[Path]:
     return {path for path in Path(folder, algo).glob(f"{EnvironmentName(env_id)}_*") if path.is_dir()}
 
 
+@contextlib.contextmanager
+def _no_empty_folders(folder: str, algo: str) -> Iterator[None]:
+    """Remove the log folder and its algorithm folder if rl_zoo3 created them inside the block and left them empty."""
+    # A run that fails before training leaves them empty (its run folder is removed); enjoy would look there
+    created = [path for path in (Path(folder), Path(folder, algo)) if not path.exists()]
+    try:
+        yield
+    finally:
+        for path in reversed(created):
+            with contextlib.suppress(OSError):  # not empty, or gone
+                path.rmdir()
+
+
 def train(zoo_args: Sequence[str], report: bool = True, trust: Sequence[str] = ()) -> RunReport | None:
     """
     Run rl_zoo3's trainer (``python -m rl_zoo3.train``) with sb3-safe's algorithms registered.
 
-    Without ``--conf-file``, ``kl_ppo``, ``safe_a2c`` and ``ppo_lstm`` use the packaged ``zoo_configs/<algo>.yml``.
+    Without ``--conf-file``, the algorithms with a packaged configuration (``kl_ppo``, ``safe_a2c``, ``ppo``, ``a2c``,
+    ``ppo_lstm``) use it: ``zoo_configs/<algo>.yml``, rl-zoo's tuned values with the safe policies and the guard. The
+    run's first line names the configuration file, its entry for the environment, and whether the guard is on.
     Bad input fails before training: the options, the configuration file and its entry for the environment, the
     optuna storage of ``-optimize`` and the trial of ``--trial-id``, the types of the hyperparameters, and whatever
     the callbacks, wrappers, environments and the model reject when rl_zoo3 builds them.
@@ -44,10 +60,11 @@ def train(zoo_args: Sequence[str], report: bool = True, trust: Sequence[str] = (
     """
     options = checked_options("train", zoo_args)
     zoo_args = list(zoo_args)
-    if options.conf_file is None and (options.algo in ZOO_ALGOS or options.algo in PACKAGED_BY_DEFAULT):
+    packaged = options.conf_file is None and options.algo in PACKAGED_BY_DEFAULT
+    if packaged:
         options.conf_file = str(config_path(options.algo))
         zoo_args += ["--conf-file", options.conf_file]
-    # Without one, the stock algorithms read rl_zoo3's own files
+    # Without one, the other stock algorithms read rl_zoo3's own files
     if options.conf_file is not None:
         check_config_file(options.conf_file, options.env)
     if options.trained_agent:
@@ -58,9 +75,15 @@ def train(zoo_args: Sequence[str], report: bool = True, trust: Sequence[str] = (
         # A database: its tables are created here, before rl_zoo3 opens it, and a bad URL fails in one line
         open_storage(options.storage)
     runs_before = _run_folders(options.folder, options.algo, options.env)
+    print(configuration_line(options.algo, options.env, options.conf_file, packaged, options.hyperparams), flush=True)
     # -i: the model, its statistics and replay buffer are read as sb3_safe.load reads them
     reading = secure_reading(trust) if options.trained_agent else contextlib.nullcontext()
-    with rl_zoo3_command("sb3-safe train", zoo_args), explained_config_errors(options.algo), reading:
+    with (
+        _no_empty_folders(options.folder, options.algo),
+        rl_zoo3_command("sb3-safe train", zoo_args),
+        explained_config_errors(options.algo),
+        reading,
+    ):
         rl_zoo3.train.train()
     if options.optimize or not report:
         return None
