@@ -24,6 +24,7 @@ extensions = [
     "myst_parser",
     "sphinx.ext.autodoc",
     "sphinx.ext.autosummary",
+    "sphinx.ext.extlinks",
     "sphinx.ext.mathjax",
     "sphinx.ext.viewcode",
     "sphinx_copybutton",
@@ -34,6 +35,12 @@ source_suffix = {".md": "markdown", ".rst": "restructuredtext"}
 root_doc = "index"
 exclude_patterns = ["build", "_build", "Thumbs.db", ".DS_Store"]  # build/: the output folder the README names
 templates_path = []
+
+# Links into SB3's and sb3-contrib's API reference from docstrings: :sb3:`PPO <modules/ppo.html#...>`
+extlinks = {
+    "sb3": ("https://stable-baselines3.readthedocs.io/en/master/%s", None),
+    "sb3-contrib": ("https://sb3-contrib.readthedocs.io/en/master/%s", None),
+}
 
 # MyST: $...$ math, ::: fences for admonitions, headings up to ### as link targets ("page.md#section")
 myst_enable_extensions = ["dollarmath", "colon_fence", "deflist"]
@@ -57,7 +64,8 @@ pygments_style = "sphinx"
 
 html_theme = "sphinx_rtd_theme"
 html_title = f"sb3-safe {release}"
-html_static_path = []
+html_static_path = ["_static"]
+html_css_files = ["css/custom.css"]
 html_theme_options = {"navigation_depth": 3}
 
 
@@ -78,5 +86,57 @@ def escape_absolute_values(app: Any, what: str, name: str, obj: Any, options: An
     lines[:] = [_escape_absolute_values(line) for line in lines]
 
 
+# -- Signatures ----------------------------------------------------------------
+
+# Parameters the reference leaves out: SB3's private `_init_setup_model`, and a method's `self` or `cls` (listed
+# among the parameters when annotated, as in `learn(self: SelfPPO, ...)`)
+_HIDDEN_PARAMETER = re.compile(r"_\w*|self|cls")
+
+
+def _split_parameters(args: str) -> list[str]:
+    """The parameters of a signature's ``(a, b=(1, 2), *c)`` at the top level of its brackets."""
+    parameters, depth, current = [], 0, ""
+    for char in args.strip()[1:-1]:
+        depth += char in "([{"
+        depth -= char in ")]}"
+        if char == "," and depth == 0:
+            parameters.append(current.strip())
+            current = ""
+        else:
+            current += char
+    return [*parameters, current.strip()] if current.strip() else parameters
+
+
+def _parameter_name(parameter: str) -> str:
+    return re.split(r"[:=]", parameter.lstrip("*"), maxsplit=1)[0].strip()
+
+
+def hide_private_parameters(
+    app: Any, what: str, name: str, obj: Any, options: Any, args: str | None, retann: str | None
+) -> tuple[str, str | None] | None:
+    # The type hints autodoc recorded become the field list's parameters: drop the hidden ones there too
+    annotations = app.env.current_document.autodoc_annotations.get(name, {})
+    for parameter in [key for key in annotations if _HIDDEN_PARAMETER.fullmatch(key)]:
+        del annotations[parameter]
+    if not args or not args.startswith("("):
+        return None
+    kept = [p for p in _split_parameters(args) if not _HIDDEN_PARAMETER.fullmatch(_parameter_name(p))]
+    return f"({', '.join(kept)})", retann
+
+
+def drop_private_parameter_docs(app: Any, what: str, name: str, obj: Any, options: Any, lines: list[str]) -> None:
+    # A docstring's ":param _init_setup_model: ..." (SB3's convention) and its continuation lines
+    kept, skipping = [], False
+    for line in lines:
+        continued = skipping and line.startswith(" ") and bool(line.strip())
+        skipping = continued or re.match(r":param _\w*:", line) is not None
+        if not skipping:
+            kept.append(line)
+    lines[:] = kept
+
+
 def setup(app: Any) -> None:
     app.connect("autodoc-process-docstring", escape_absolute_values)
+    app.connect("autodoc-process-docstring", drop_private_parameter_docs)
+    # After autodoc's own handlers (priority 500), which record the type hints
+    app.connect("autodoc-process-signature", hide_private_parameters, priority=900)

@@ -34,7 +34,8 @@ class SafeA2C(A2C):
     """
     Advantage Actor Critic (A2C) that stays finite: safe action distributions and guarded updates.
 
-    Same algorithm and arguments as SB3's :class:`~stable_baselines3.A2C`; the differences:
+    Same algorithm and arguments as SB3's :sb3:`A2C <modules/a2c.html#stable_baselines3.a2c.A2C>`; the
+    differences:
 
     - ``"MlpPolicy"``, ``"CnnPolicy"`` and ``"MultiInputPolicy"`` are sb3-safe's policies: bounded logits
       (every action keeps a known minimum probability) for discrete actions, bounded log-std for Box actions.
@@ -188,7 +189,18 @@ class SafeA2C(A2C):
         """
         SB3's ``load``; a checkpoint of SB3's A2C (or another algorithm with SB3's actor-critic policies) continues
         with the safe policy of the same kind (see :mod:`sb3_safe.common.checkpoints`). A SafeA2C checkpoint keeps
-        its policy, a stock one included.
+        its policy, a stock one included. Like SB3's ``load`` it unpickles the file: for a file you did not write,
+        :func:`sb3_safe.load` loads it without running its code.
+
+        :param path: the saved model (``.zip`` may be left out), or a file-like object
+        :param env: the environment to train on (None: set it later with ``set_env``, or only predict)
+        :param device: the torch device (``"auto"``: a GPU if there is one)
+        :param custom_objects: items of the saved ``data`` to use instead of the file's, never unpickled (e.g. a
+            lambda learning rate)
+        :param print_system_info: print the system information of the save and of this machine
+        :param force_reset: reset the environment before training, as SB3 does to avoid unexpected behavior
+        :param kwargs: attributes to set on the model, replacing saved ones (e.g. ``n_steps``)
+        :return: the model
         """
         custom_objects = continue_stock_checkpoint(path, cls.policy_aliases, ("value_loss",), custom_objects)
         return super().load(path, env, device, custom_objects, print_system_info, force_reset, **kwargs)

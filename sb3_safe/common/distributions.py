@@ -294,6 +294,9 @@ class BoundedDiagGaussianDistribution(DiagGaussianDistribution):
         return self
 
     def log_prob(self, actions: th.Tensor) -> th.Tensor:
+        """
+        :param actions: the actions whose log-probability to compute
+        """
         return sum_independent_dims(gaussian_log_prob(actions, self.distribution.mean, self.bounded_log_std))
 
 
@@ -321,6 +324,9 @@ class SquashedBoundedGaussianDistribution(BoundedDiagGaussianDistribution):
     """
 
     def log_prob(self, actions: th.Tensor) -> th.Tensor:
+        """
+        :param actions: the squashed actions whose log-probability to compute
+        """
         return sum_independent_dims(squashed_gaussian_log_prob(actions, self.distribution.mean, self.bounded_log_std))
 
     def entropy(self) -> th.Tensor:
@@ -359,6 +365,9 @@ class BoundedStateDependentNoiseDistribution(StateDependentNoiseDistribution):
         self._fresh_noise: th.Tensor
 
     def get_std(self, log_std: th.Tensor) -> th.Tensor:
+        """
+        :param log_std: the log-std parameter of the exploration matrix, clamped to ``log_std_range``
+        """
         check_finite("policy log_std", log_std, NONFINITE_OUTPUT_HINT)
         return super().get_std(log_std.clamp(*self.log_std_range))
 
@@ -427,6 +436,9 @@ class SafeCategoricalDistribution(CategoricalDistribution):
         self.logit_bound = validate_logit_bound(logit_bound)
 
     def proba_distribution(self: SelfSafeCategorical, action_logits: th.Tensor) -> SelfSafeCategorical:
+        """
+        :param action_logits: the logits of each action, bounded before use
+        """
         check_finite("policy output logits", action_logits, NONFINITE_OUTPUT_HINT)
         self.distribution = Categorical(logits=bound_logits(action_logits, self.logit_bound), validate_args=False)
         return self
@@ -445,6 +457,9 @@ class SafeMultiCategoricalDistribution(MultiCategoricalDistribution):
         self.logit_bound = validate_logit_bound(logit_bound)
 
     def proba_distribution(self: SelfSafeMultiCategorical, action_logits: th.Tensor) -> SelfSafeMultiCategorical:
+        """
+        :param action_logits: the logits of every discrete sub-space, concatenated, bounded before use
+        """
         check_finite("policy output logits", action_logits, NONFINITE_OUTPUT_HINT)
         bounded = bound_logits(action_logits, self.logit_bound)
         self.distribution = [
@@ -467,6 +482,9 @@ class SafeBernoulliDistribution(BernoulliDistribution):
         self.logit_bound = validate_logit_bound(logit_bound)
 
     def proba_distribution(self: SelfSafeBernoulli, action_logits: th.Tensor) -> SelfSafeBernoulli:
+        """
+        :param action_logits: the logit of each binary dimension, bounded before use
+        """
         check_finite("policy output logits", action_logits, NONFINITE_OUTPUT_HINT)
         self.distribution = Bernoulli(logits=bound_logits(action_logits, self.logit_bound), validate_args=False)
         return self

@@ -188,6 +188,9 @@ class SafeActorCriticPolicy(SafeDistributionMixin, ActorCriticPolicy):
 
     Accepts every ``ActorCriticPolicy`` keyword, plus:
 
+    :param observation_space: the observation space (the algorithm passes it)
+    :param action_space: the action space (the algorithm passes it)
+    :param lr_schedule: the learning-rate schedule the optimizer starts from (the algorithm passes it)
     :param log_std_range: ``(lo, hi)``, Box actions: the std of every action dimension is always in
         ``[exp(lo), exp(hi)]`` (with gSDE too), and the log-std parameter is projected back into the range after every
         parameter update (:meth:`project_log_std`: no dead zone). Allowed: ``-40 <= lo < hi <= 40``.
@@ -196,6 +199,13 @@ class SafeActorCriticPolicy(SafeDistributionMixin, ActorCriticPolicy):
         (see :func:`sb3_safe.common.distributions.min_action_probability`). ``None`` keeps SB3's raw logits.
     :param squash_output: Box actions: a tanh-squashed Gaussian rescaled to the Box bounds, also without gSDE
         (SB3 requires gSDE), with log-probs exact and finite even when tanh saturates.
+    :param use_sde: generalized State Dependent Exploration, with the std bounded by ``log_std_range`` (the
+        algorithm passes its own ``use_sde``)
+    :param kwargs: the other keywords of SB3's
+        :sb3:`ActorCriticPolicy <modules/ppo.html#stable_baselines3.common.policies.ActorCriticPolicy>`, with their
+        meaning there: ``net_arch``, ``activation_fn``, ``ortho_init``, ``log_std_init``, ``full_std``,
+        ``use_expln``, ``features_extractor_class``, ``features_extractor_kwargs``, ``share_features_extractor``,
+        ``normalize_images``, ``optimizer_class``, ``optimizer_kwargs``
 
     A non-finite network output raises :class:`sb3_safe.NonFiniteError` naming it (mean, log-std or logits).
     With default arguments the ``state_dict`` keys equal those of SB3's policy, so checkpoints load both ways.
@@ -273,6 +283,11 @@ class SafeCnnPolicy(SafeActorCriticPolicy, ActorCriticCnnPolicy):
     """
     :class:`SafeActorCriticPolicy` for image observations, with SB3's ``NatureCNN`` features extractor by
     default, like ``ActorCriticCnnPolicy`` (``"CnnPolicy"``).
+
+    :param args: the observation space, the action space and the learning-rate schedule, as for
+        :class:`SafeActorCriticPolicy`
+    :param features_extractor_class: the network that turns images into features (SB3's ``NatureCNN``)
+    :param kwargs: the keywords of :class:`SafeActorCriticPolicy`
     """
 
     def __init__(self, *args: Any, features_extractor_class: type = NatureCNN, **kwargs: Any):
@@ -283,6 +298,12 @@ class SafeMultiInputPolicy(SafeActorCriticPolicy, MultiInputActorCriticPolicy):
     """
     :class:`SafeActorCriticPolicy` for Dict observations, with SB3's ``CombinedExtractor`` by default, like
     ``MultiInputActorCriticPolicy`` (``"MultiInputPolicy"``).
+
+    :param args: the observation space, the action space and the learning-rate schedule, as for
+        :class:`SafeActorCriticPolicy`
+    :param features_extractor_class: the network that turns each observation key into features and concatenates
+        them (SB3's ``CombinedExtractor``)
+    :param kwargs: the keywords of :class:`SafeActorCriticPolicy`
     """
 
     def __init__(self, *args: Any, features_extractor_class: type = CombinedExtractor, **kwargs: Any):

@@ -98,7 +98,11 @@ class Rollout:
         return len(self.actions)
 
     def batches(self, size: int = BATCH_SIZE) -> Iterator[slice]:
-        """Consecutive slices covering the rollout."""
+        """
+        Consecutive slices covering the rollout.
+
+        :param size: the length of each slice (the last may be shorter)
+        """
         for start in range(0, len(self), size):
             yield slice(start, min(start + size, len(self)))
 

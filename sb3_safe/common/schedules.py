@@ -45,7 +45,11 @@ class ScaledSchedule:
         self.bounds = bounds
 
     def unbounded(self, progress_remaining: float) -> float:
-        """The scaled learning rate before the bounds clamp it (never negative)."""
+        """
+        The scaled learning rate before the bounds clamp it (never negative).
+
+        :param progress_remaining: SB3's progress remaining, from 1 to 0
+        """
         return max(0.0, self.scale * self.schedule(max(progress_remaining, 0.0)))
 
     def __call__(self, progress_remaining: float) -> float:

@@ -57,10 +57,12 @@ def adapt_kl_beta(
 
 class KLAdaptivePPO(PPO):
     """
-    PPO with the clipped surrogate plus an adaptive KL penalty (Schulman et al. 2017, sec. 4), built so it cannot
-    blow up: the penalty coefficient is bounded, the KL is the analytic mean ``KL(pi_old || pi)`` (never a max
-    over samples, never the wrong direction), ``log_ratio`` is clamped before ``exp``, and a non-finite loss or
-    gradient skips the optimizer step (:class:`~sb3_safe.common.updates.GuardedOptimizerStep`).
+    PPO with the clipped surrogate plus the adaptive KL penalty of the PPO paper, built so it cannot blow up.
+
+    The paper is Schulman et al. 2017 (section 4). The penalty coefficient is bounded, the KL is the analytic mean
+    ``KL(pi_old || pi)`` (never a max over samples, never the wrong direction), ``log_ratio`` is clamped before
+    ``exp``, and a non-finite loss or gradient skips the optimizer step
+    (:class:`~sb3_safe.common.updates.GuardedOptimizerStep`).
 
     Policy loss per minibatch: ``-mean(min(r A, clip(r, 1 - eps, 1 + eps) A)) + beta * mean(KL)``. After the
     update phase beta is adapted from the mean KL over the whole rollout (:func:`adapt_kl_beta`). ``kl_beta``
@@ -70,15 +72,37 @@ class KLAdaptivePPO(PPO):
     action also at the limits (censored mass, no ``atanh`` of a saturated value), so the first ratio of each update
     is 1 without storing the pre-squash action.
 
-    Accepts every :class:`~stable_baselines3.PPO` argument; ``"MlpPolicy"``, ``"CnnPolicy"`` and
-    ``"MultiInputPolicy"`` are the safe policies of :mod:`sb3_safe.common.policies`.
+    Accepts every argument of SB3's :sb3:`PPO <modules/ppo.html#stable_baselines3.ppo.PPO>`, with the same
+    meaning; ``"MlpPolicy"``, ``"CnnPolicy"`` and ``"MultiInputPolicy"`` are the safe policies of
+    :mod:`sb3_safe.common.policies`.
 
     Checkpoints load both ways: ``KLAdaptivePPO.load("ppo.zip")`` continues a run of SB3's PPO with the safe
     policy of the same kind and the KL rollout buffer (the penalty starting at ``initial_kl_beta``), and
     ``PPO.load("kl_ppo.zip")`` trains on as PPO (the buffer is not saved, each algorithm builds its own).
-    In addition:
 
-    :param clip_range: as in PPO; ``None`` for the paper's penalty-only variant (no clipping)
+    :param policy: the policy: ``"MlpPolicy"``, ``"CnnPolicy"``, ``"MultiInputPolicy"`` (the safe policies) or a
+        policy class
+    :param env: the environment to learn from (an id registered in gymnasium, an env or a VecEnv)
+    :param learning_rate: as in PPO: the learning rate, or a function of the progress remaining (from 1 to 0)
+    :param n_steps: as in PPO: steps per environment per update (the rollout holds ``n_steps * n_envs``)
+    :param batch_size: as in PPO: the minibatch size
+    :param n_epochs: as in PPO: passes over the rollout per update
+    :param gamma: as in PPO: the discount factor
+    :param gae_lambda: as in PPO: the bias / variance trade-off of Generalized Advantage Estimation
+    :param clip_range: as in PPO: the clipping parameter, or a function of the progress remaining; ``None`` for the
+        paper's penalty-only variant (no clipping)
+    :param clip_range_vf: as in PPO: the value function's clipping parameter (None: no clipping; it depends on the
+        reward scale)
+    :param normalize_advantage: as in PPO: whether to normalize the advantages
+    :param ent_coef: as in PPO: the entropy coefficient of the loss
+    :param vf_coef: as in PPO: the value function coefficient of the loss
+    :param max_grad_norm: as in PPO: the largest gradient norm, beyond which gradients are clipped
+    :param use_sde: as in PPO: generalized State Dependent Exploration (gSDE) instead of independent Gaussian noise
+    :param sde_sample_freq: as in PPO: with gSDE, a new noise matrix every this many steps (-1: once per rollout)
+    :param rollout_buffer_class: a :class:`~sb3_safe.common.buffers.KLRolloutBuffer` subclass (it keeps the old
+        distribution parameters for the KL); None: chosen from the observation space
+    :param rollout_buffer_kwargs: as in PPO: keyword arguments of the rollout buffer
+    :param target_kl: as in PPO: stop an update's epochs early once the approximate KL exceeds this (None: never)
     :param adaptive_kl_target: d_targ, the KL the penalty coefficient is adapted towards
     :param initial_kl_beta: the penalty coefficient beta at the start, inside ``kl_beta_bounds``
     :param kl_beta_bounds: ``(lowest, highest)`` beta, positive and finite
@@ -87,6 +111,13 @@ class KLAdaptivePPO(PPO):
     :param adaptive_lr: :class:`~sb3_safe.KLAdaptiveLRCallback`'s keyword arguments (``{}`` for its defaults):
         every ``learn()`` then adapts the learning rate to the rollout KL with it; saved with the model. None: the
         configured learning rate
+    :param stats_window_size: as in PPO: the number of episodes the logged rollout statistics average over
+    :param tensorboard_log: as in PPO: the TensorBoard log folder (None: no TensorBoard log)
+    :param policy_kwargs: as in PPO: keyword arguments of the policy, the safe policies' ``log_std_range``,
+        ``logit_bound`` and ``squash_output`` included
+    :param verbose: as in PPO: 0 no output, 1 information (device, wrappers), 2 debug messages
+    :param seed: as in PPO: the seed of the random generators
+    :param device: as in PPO: the torch device (``"auto"``: a GPU if there is one)
     """
 
     policy_aliases: ClassVar[dict[str, type[BasePolicy]]] = {
@@ -205,7 +236,18 @@ class KLAdaptivePPO(PPO):
     ) -> SelfKLAdaptivePPO:
         """
         SB3's ``load``; a checkpoint of SB3's PPO (or another algorithm with SB3's actor-critic policies) continues
-        with the safe policy of the same kind (see :mod:`sb3_safe.common.checkpoints`).
+        with the safe policy of the same kind (see :mod:`sb3_safe.common.checkpoints`). Like SB3's ``load`` it
+        unpickles the file: for a file you did not write, :func:`sb3_safe.load` loads it without running its code.
+
+        :param path: the saved model (``.zip`` may be left out), or a file-like object
+        :param env: the environment to train on (None: set it later with ``set_env``, or only predict)
+        :param device: the torch device (``"auto"``: a GPU if there is one)
+        :param custom_objects: items of the saved ``data`` to use instead of the file's, never unpickled (e.g. a
+            lambda learning rate)
+        :param print_system_info: print the system information of the save and of this machine
+        :param force_reset: reset the environment before training, as SB3 does to avoid unexpected behavior
+        :param kwargs: attributes to set on the model, replacing saved ones (e.g. ``n_steps``)
+        :return: the model
         """
         custom_objects = continue_stock_checkpoint(path, cls.policy_aliases, ("kl_beta",), custom_objects)
         return super().load(path, env, device, custom_objects, print_system_info, force_reset, **kwargs)

@@ -24,8 +24,16 @@ class SafeMaskableActorCriticPolicy(SafeDistributionMixin, MaskableActorCriticPo
 
     Accepts every ``MaskableActorCriticPolicy`` keyword, plus:
 
+    :param observation_space: the observation space (the algorithm passes it)
+    :param action_space: the action space (the algorithm passes it)
+    :param lr_schedule: the learning-rate schedule the optimizer starts from (the algorithm passes it)
     :param logit_bound: logits are mapped smoothly into ``(-logit_bound, logit_bound)`` before masking.
         ``None`` keeps sb3-contrib's raw logits.
+    :param kwargs: the other keywords of sb3-contrib's :sb3-contrib:`MaskableActorCriticPolicy
+        <modules/ppo_mask.html#sb3_contrib.common.maskable.policies.MaskableActorCriticPolicy>`, with their meaning
+        there: ``net_arch``, ``activation_fn``, ``ortho_init``, ``features_extractor_class``,
+        ``features_extractor_kwargs``, ``share_features_extractor``, ``normalize_images``, ``optimizer_class``,
+        ``optimizer_kwargs``
 
     A non-finite network output raises :class:`sb3_safe.NonFiniteError` naming it; a mask without a valid action
     raises ``ValueError``. With default arguments the ``state_dict`` keys equal those of sb3-contrib's policy.
@@ -66,6 +74,11 @@ class SafeMaskableCnnPolicy(SafeMaskableActorCriticPolicy, MaskableActorCriticCn
     """
     :class:`SafeMaskableActorCriticPolicy` for image observations, with SB3's ``NatureCNN`` features extractor by
     default, like ``MaskableActorCriticCnnPolicy`` (``"CnnPolicy"``).
+
+    :param args: the observation space, the action space and the learning-rate schedule, as for
+        :class:`SafeMaskableActorCriticPolicy`
+    :param features_extractor_class: the network that turns images into features (SB3's ``NatureCNN``)
+    :param kwargs: the keywords of :class:`SafeMaskableActorCriticPolicy`
     """
 
     def __init__(self, *args: Any, features_extractor_class: type = NatureCNN, **kwargs: Any):
@@ -76,6 +89,12 @@ class SafeMaskableMultiInputPolicy(SafeMaskableActorCriticPolicy, MaskableMultiI
     """
     :class:`SafeMaskableActorCriticPolicy` for Dict observations, with SB3's ``CombinedExtractor`` by default, like
     ``MaskableMultiInputActorCriticPolicy`` (``"MultiInputPolicy"``).
+
+    :param args: the observation space, the action space and the learning-rate schedule, as for
+        :class:`SafeMaskableActorCriticPolicy`
+    :param features_extractor_class: the network that turns each observation key into features and concatenates
+        them (SB3's ``CombinedExtractor``)
+    :param kwargs: the keywords of :class:`SafeMaskableActorCriticPolicy`
     """
 
     def __init__(self, *args: Any, features_extractor_class: type = CombinedExtractor, **kwargs: Any):

@@ -32,6 +32,20 @@ class SafeRecurrentActorCriticPolicy(SafeActorCriticPolicy, RecurrentActorCritic
     restore the LSTM keywords (``lstm_hidden_size``, ``n_lstm_layers``, ``shared_lstm``, ``enable_critic_lstm``,
     ``lstm_kwargs``), which sb3-contrib's policy does not save.
 
+    :param observation_space: the observation space (the algorithm passes it)
+    :param action_space: the action space (the algorithm passes it)
+    :param lr_schedule: the learning-rate schedule the optimizer starts from (the algorithm passes it)
+    :param squash_output: Box actions: a tanh-squashed Gaussian, also without gSDE (see
+        :class:`~sb3_safe.common.policies.SafeActorCriticPolicy`; mind the Box bounds, below)
+    :param kwargs: ``log_std_range``, ``logit_bound`` and ``use_sde`` (see
+        :class:`~sb3_safe.common.policies.SafeActorCriticPolicy`), and the other keywords of sb3-contrib's
+        :sb3-contrib:`RecurrentActorCriticPolicy
+        <modules/ppo_recurrent.html#sb3_contrib.common.recurrent.policies.RecurrentActorCriticPolicy>`, with their
+        meaning there: ``lstm_hidden_size``, ``n_lstm_layers``, ``shared_lstm``, ``enable_critic_lstm``,
+        ``lstm_kwargs``, ``net_arch``, ``activation_fn``, ``ortho_init``, ``log_std_init``, ``full_std``,
+        ``use_expln``, ``features_extractor_class``, ``features_extractor_kwargs``, ``share_features_extractor``,
+        ``normalize_images``, ``optimizer_class``, ``optimizer_kwargs``
+
     ``RecurrentPPO`` (sb3-contrib 2.9) clips the actions of its rollouts to the Box bounds without rescaling
     squashed actions to them, as ``predict`` and SB3's algorithms do: with ``squash_output`` the environment's
     Box should be ``[-1, 1]`` (gymnasium's ``RescaleAction`` wrapper), which a warning says otherwise.
@@ -69,6 +83,12 @@ class SafeRecurrentActorCriticPolicy(SafeActorCriticPolicy, RecurrentActorCritic
         episode_starts: th.Tensor | None = None,
         deterministic: bool = False,
     ) -> tuple[th.Tensor, th.Tensor, th.Tensor, RNNStates]:
+        """
+        :param obs: the observations
+        :param lstm_states: the LSTM states of the actor and the critic (RecurrentPPO passes them)
+        :param episode_starts: whether each environment's episode starts at this step (resets its LSTM states)
+        :param deterministic: take the most likely action instead of sampling
+        """
         if lstm_states is None or episode_starts is None:
             raise PolicyAlgorithmMismatchError(
                 f"{type(self).__name__} serves {self.served_algorithms}, not an algorithm that calls its policy "
@@ -92,6 +112,11 @@ class SafeCnnLstmPolicy(SafeRecurrentActorCriticPolicy, RecurrentActorCriticCnnP
     """
     :class:`SafeRecurrentActorCriticPolicy` for image observations, with SB3's ``NatureCNN`` features extractor by
     default, like ``RecurrentActorCriticCnnPolicy`` (``"CnnLstmPolicy"``).
+
+    :param args: the observation space, the action space and the learning-rate schedule, as for
+        :class:`SafeRecurrentActorCriticPolicy`
+    :param features_extractor_class: the network that turns images into features (SB3's ``NatureCNN``)
+    :param kwargs: the keywords of :class:`SafeRecurrentActorCriticPolicy`
     """
 
     def __init__(self, *args: Any, features_extractor_class: type = NatureCNN, **kwargs: Any):
@@ -102,6 +127,12 @@ class SafeMultiInputLstmPolicy(SafeRecurrentActorCriticPolicy, RecurrentMultiInp
     """
     :class:`SafeRecurrentActorCriticPolicy` for Dict observations, with SB3's ``CombinedExtractor`` by default, like
     ``RecurrentMultiInputActorCriticPolicy`` (``"MultiInputLstmPolicy"``).
+
+    :param args: the observation space, the action space and the learning-rate schedule, as for
+        :class:`SafeRecurrentActorCriticPolicy`
+    :param features_extractor_class: the network that turns each observation key into features and concatenates
+        them (SB3's ``CombinedExtractor``)
+    :param kwargs: the keywords of :class:`SafeRecurrentActorCriticPolicy`
     """
 
     def __init__(self, *args: Any, features_extractor_class: type = CombinedExtractor, **kwargs: Any):
