@@ -98,6 +98,16 @@ def test_doctor_finds_the_model_as_sb3_load_does(suffix: str, model_zip: Path) -
     assert "Healthy" in result.stdout
 
 
+def test_doctor_of_an_rl_zoo3_run_without_zip(model_zip: Path, tmp_path: Path) -> None:
+    # rl_zoo3 saves <env>.zip next to a folder <env> (config.yml, vecnormalize.pkl): the name without .zip is that folder
+    run = tmp_path / "logs" / "ppo" / "CartPole-v1_1"
+    (run / "CartPole-v1").mkdir(parents=True)
+    (run / "CartPole-v1.zip").write_bytes(model_zip.read_bytes())
+    result = sb3_safe("doctor", "logs/ppo/CartPole-v1_1/CartPole-v1", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.startswith("logs/ppo/CartPole-v1_1/CartPole-v1.zip (")
+
+
 def test_doctor_of_a_missing_model_is_one_line(tmp_path: Path) -> None:
     result = sb3_safe("doctor", "nothing", cwd=tmp_path)
     assert result.returncode == 2 and result.stderr == "sb3-safe doctor: error: nothing: no such file\n"

@@ -58,14 +58,15 @@ def _in_file(path: Path) -> Iterator[None]:
 
 def resolve_path(path: str | Path) -> Path:
     """
-    The file a path names as SB3's loaders find it: a path that does not exist is tried with ``.zip`` (``load``)
-    and ``.pkl`` (``load_replay_buffer``) appended.
+    The file a path names as SB3's loaders find it: a path that is not a file is tried with ``.zip`` (``load``)
+    and ``.pkl`` (``load_replay_buffer``) appended. A folder too: rl_zoo3 saves ``<env>.zip`` next to a folder
+    ``<env>`` (its statistics and configuration).
 
     :param path: the path as given
     :return: the path, or the first of those that is a file
     """
     path = Path(path)
-    if path.exists():
+    if path.is_file():
         return path
     with_suffix = [path.with_name(f"{path.name}.{suffix}") for suffix in ("zip", "pkl")]
     return next((candidate for candidate in with_suffix if candidate.is_file()), path)
