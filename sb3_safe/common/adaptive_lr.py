@@ -328,7 +328,6 @@ class KLAdaptiveLRCallback(BaseCallback):
             rollout=rollout,
             old_params=old_params,
             buffer_state=dict(model.rollout_buffer.__dict__),
-            lr_scale=learning_rate_scale(model),
             snapshot=self._take_snapshot(),
             scheduled=scheduled,
         )
@@ -350,7 +349,7 @@ class KLAdaptiveLRCallback(BaseCallback):
         kl = self._measure(pending)
         if kl is None:
             return
-        learning_rate = self._step_learning_rate()
+        learning_rate = first_rate = self._step_learning_rate()
         target, undo_above = self.targets.target_kl, self.targets.undo_above
         redone = False
         for _ in range(self.max_redos):
@@ -374,9 +373,9 @@ class KLAdaptiveLRCallback(BaseCallback):
                 model.policy.set_training_mode(False)
                 if model.use_sde:
                     model.policy.reset_noise(model.env.num_envs if model.env is not None else 1)
-            if not self.targets.keep_redo_rate:
-                # The cut holds for that update only: the next ones run at the scale before it divided by max_step
-                self._scale(max(1.0, pending.lr_scale / (self.max_step * learning_rate_scale(model))))
+            if not self.targets.keep_redo_rate and learning_rate > 0.0:
+                # The cut holds for that update only: the next ones run at the rate before it divided by max_step
+                self._scale(max(1.0, first_rate / (self.max_step * learning_rate)))
         if kl is None:
             return
         self.history.append((kl, learning_rate))
@@ -532,8 +531,6 @@ class _PendingUpdate:
     old_params: th.Tensor | None
     #: the rollout buffer's attributes (array references, position, flags) before train() read it
     buffer_state: dict[str, Any]
-    #: the learning-rate scale before the update
-    lr_scale: float
     snapshot: SnapshotStore | None
     #: measured on schedule (every ``MEASURED_SAMPLES``), not as one of the first updates the callback sees of a model
     scheduled: bool
