@@ -209,6 +209,7 @@ def train(
         guard_events=None if guard is None else len(guard.events),
         guard_rollbacks=None if guard is None else guard.n_rollbacks,
         guard_stopped=None if guard is None else guard.stop_reason is not None,
+        guard_stalls=None if guard is None else sum(event.source == "stall" for event in guard.events),
         log_std_collapsed=log_std_collapsed(model),
         log_std_max=log_std_max(model),
         masked_actions=None if masked is None else masked.count,
