@@ -128,6 +128,7 @@ def run_job(job: tuple[str, str, int, int, int, str, float]) -> list[dict[str, A
         model = variants.build_model(variant, env, seed, settings.kwargs)
     guard = variants.make_guard(variant)
     adaptive_lr = variants.make_adaptive_lr(variant)
+    commit = suite.machine_info()["commit"]  # of the code this process runs (two processes append to one file)
 
     class CheckpointAndEvaluate(BaseCallback):
         """At the first rollout boundary past each multiple of ``eval_every``: save, evaluate, append a row."""
@@ -160,6 +161,7 @@ def run_job(job: tuple[str, str, int, int, int, str, float]) -> list[dict[str, A
             rates = self.learning_rates or [float("nan")]
             row = dict(
                 kind="eval",
+                commit=commit,
                 env=env_id,
                 variant=variant_name,
                 seed=seed,
