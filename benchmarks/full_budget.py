@@ -21,6 +21,7 @@ Usage::
 
 import argparse
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -206,6 +207,8 @@ def run_job(job: tuple[str, str, int, int, int, str, float]) -> list[dict[str, A
     callbacks = [cb for cb in (guard, adaptive_lr, recorder, StopAtDeadline()) if cb is not None]
     model.learn(timesteps - resumed_at, callback=callbacks, reset_num_timesteps=False)
     env.close()
+    if model.num_timesteps >= timesteps:
+        shutil.rmtree(folder)  # finished: its rows are the result, only unfinished runs keep (and commit) a checkpoint
     return []
 
 
