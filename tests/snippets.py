@@ -20,7 +20,8 @@ DOCS = ROOT / "docs"
 CHECKED = {
     "install": "install commands: valid requirements of torch (at the set-up script's pin) and sb3-safe's extras",
     "tests/test_readme.py and .ci/run run these": "the README's Quickstart commands, verbatim",
-    "tests/test_tuning_postgres.py runs these": "commands of the README's 'Tuning across machines' section, verbatim",
+    "the README's Quickstart runs this": "the Quickstart's train command as run from an installed sb3-safe",
+    "tests/test_tuning_postgres.py runs these": "the -optimize and --trial-id commands that test reads from this block",
 }
 #: Directives that would show code without a fence the tests see: write a plain ```python / ```bash fence instead
 CODE_DIRECTIVES = ("code-block", "code", "sourcecode", "code-cell", "literalinclude")

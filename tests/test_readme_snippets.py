@@ -27,11 +27,13 @@ import gymnasium.envs.registration
 import pytest
 import tomllib
 from packaging.requirements import Requirement
-from snippets import CHECKED, CODE_DIRECTIVES, README, ROOT, Block, docs_blocks, docs_directives, readme_blocks
+from snippets import CHECKED, CODE_DIRECTIVES, ROOT, Block, docs_blocks, docs_directives, readme_blocks
 from stable_baselines3 import PPO
 from stable_baselines3.common.base_class import BaseAlgorithm
 from stable_baselines3.common.off_policy_algorithm import OffPolicyAlgorithm
 from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
+
+import sb3_safe
 
 # The console scripts and the interpreter of the environment that runs the tests (.venv/bin)
 BIN = Path(sys.executable).parent
@@ -286,9 +288,18 @@ def _extras() -> set[str]:
         return set(tomllib.load(file)["project"]["optional-dependencies"])
 
 
+#: the wheel ``pip wheel . -w dist --no-deps`` builds, as the documentation names it (with extras, if any)
+WHEEL = re.compile(r"dist/sb3_safe-(?P<version>[^-]+)-py3-none-any\.whl(?:\[(?P<extras>[\w,-]+)\])?")
+
+
 def _check_requirement(requirement: str) -> None:
-    """A pip argument: sb3-safe (from PyPI or this checkout) with existing extras, or torch at the set-up script's pin."""
-    local = re.fullmatch(r"\.(?:\[(?P<extras>[\w,-]+)\])?", requirement)
+    """
+    A pip argument: sb3-safe (from PyPI, this checkout or the wheel built from it) with existing extras, or torch at
+    the set-up script's pin.
+    """
+    local = re.fullmatch(r"\.(?:\[(?P<extras>[\w,-]+)\])?", requirement) or WHEEL.fullmatch(requirement)
+    if local is not None and "version" in local.groupdict():
+        assert local.group("version") == sb3_safe.__version__, f"{requirement!r}: not the wheel of this version"
     if local is not None:
         extras = set(filter(None, (local.group("extras") or "").split(",")))
     else:
@@ -313,6 +324,10 @@ def check_install_command(line: str) -> None:
         args = args[2:]
     else:
         assert program == "pip", f"unknown install command: {line}"
+    if args[:1] == ["wheel"]:
+        # The wheel of this checkout, into the folder the install line reads it from
+        assert args == ["wheel", ".", "-w", "dist", "--no-deps"], f"{line}: build the wheel as the install page does"
+        return
     assert args[:1] == ["install"], f"unknown pip command: {line}"
     args = args[1:]
     while args:
@@ -327,9 +342,14 @@ def check_install_command(line: str) -> None:
             _check_requirement(arg)
 
 
-def _readme_section(heading: str) -> str:
-    text = README.read_text(encoding="utf-8")
-    return text.split(f"\n## {heading}\n", 1)[1].split("\n## ", 1)[0]
+def test_readme_install_commands_are_valid() -> None:
+    # The README shows its install commands indented (a fence would be run), and the wheel's in its text
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    indented = [line.strip() for line in text.splitlines() if re.match(r"^ {4}pip ", line)]
+    inline = re.findall(r"`(pip (?:install|wheel) [^`]+)`", text)
+    assert indented and inline, "the README's install commands went missing"
+    for line in indented + inline:
+        check_install_command(line)
 
 
 @pytest.mark.parametrize("block", [pytest.param(b, id=b.test_id) for b in BLOCKS if b.checked is not None])
@@ -342,10 +362,14 @@ def test_checked_block(block: Block) -> None:
     elif block.checked == "tests/test_readme.py and .ci/run run these":
         quickstart = next(b for b in README_BLOCKS if is_quickstart(b))
         assert lines == [line.strip() for line in quickstart.lines], "not the README's Quickstart commands"
+    elif block.checked == "the README's Quickstart runs this":
+        # The Quickstart's first command after its set-up, without the progress bar: CI runs that training already
+        quickstart = next(b for b in README_BLOCKS if is_quickstart(b))
+        train = quickstart.lines[0].strip().split(" && ", 1)[1].removeprefix(".venv/bin/").removesuffix(" -P")
+        assert lines == [train], f"not the README's Quickstart training: {train}"
     elif block.checked == "tests/test_tuning_postgres.py runs these":
-        # tests/test_tuning_postgres.py reads the commands from the README: the same lines, all of them
-        section = _readme_section("Tuning across machines")
-        readme_lines = [line.strip() for line in section.splitlines() if line.strip().startswith("sb3-safe train")]
-        assert lines == readme_lines, "not the README's 'Tuning across machines' commands"
+        # That test reads its commands from this very block: a -optimize worker and a --trial-id run
+        assert len(lines) == 2 and all(line.startswith("sb3-safe train ") for line in lines), lines
+        assert "-optimize" in lines[0].split() and "--trial-id" in lines[1].split(), lines
     else:
         pytest.fail(f"no check for '% checked: {block.checked}'")

@@ -1,5 +1,5 @@
 """
-Tuning across machines on a real PostgreSQL server: the README's "Tuning across machines" commands, two
+Tuning across machines on a real PostgreSQL server: the zoo guide's "Tuning across machines" commands, two
 ``sb3-safe train -optimize`` workers filling one study at the same time, then ``--trial-id`` training a trial's values.
 
 The server runs PostgreSQL's binaries from the ``pgserver`` package (the ``test`` extra) in a temporary folder,
@@ -26,6 +26,7 @@ from typing import Any
 import optuna
 import psycopg
 import pytest
+from snippets import docs_blocks
 
 from sb3_safe import KLAdaptivePPO
 from sb3_safe.cli import EXIT_USAGE, main
@@ -146,11 +147,14 @@ def postgres_url() -> Iterator[str]:
         shutil.rmtree(base, ignore_errors=True)
 
 
-def readme_commands() -> tuple[list[str], list[str]]:
-    """The README's "Tuning across machines" commands as argv: the ``-optimize`` worker and the ``--trial-id`` run."""
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
-    section = text.split("\n## Tuning across machines\n", 1)[1].split("\n## ", 1)[0]
-    commands = [shlex.split(line) for line in section.splitlines() if line.strip().startswith("sb3-safe train")]
+def guide_commands() -> tuple[list[str], list[str]]:
+    """
+    The commands of the documentation's block marked for this test (the zoo guide's "Tuning across machines") as
+    argv: the ``-optimize`` worker and the ``--trial-id`` run.
+    """
+    blocks = [block for block in docs_blocks() if block.checked == "tests/test_tuning_postgres.py runs these"]
+    assert len(blocks) == 1, [f"{block.name} line {block.line}" for block in blocks]
+    commands = [shlex.split(line) for line in blocks[0].lines]
     optimize = [command for command in commands if "-optimize" in command]
     trial = [command for command in commands if "--trial-id" in command]
     assert len(optimize) == len(trial) == 1 == len(commands) - 1, commands
@@ -181,8 +185,8 @@ def _option(command: list[str], option: str) -> str:
 
 
 def test_two_workers_fill_one_study_then_train_a_trial(postgres_url: str, tmp_path: Path) -> None:
-    """The README's commands: two -optimize workers at once add two trials each to one study; --trial-id trains one."""
-    optimize, train_trial = readme_commands()
+    """The guide's commands: two -optimize workers at once add two trials each to one study; --trial-id trains one."""
+    optimize, train_trial = guide_commands()
     study_name = _option(optimize, "--study-name")
     assert _option(train_trial, "--study-name") == study_name
     with psycopg.connect(postgres_url) as connection:

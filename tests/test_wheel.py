@@ -94,5 +94,7 @@ def test_train_with_packaged_config_then_doctor(
     args = yaml.load((model.parent / env_id / "args.yml").read_text(), Loader=yaml.UnsafeLoader)  # written by this test
     conf_file = Path(args["conf_file"])
     assert conf_file.name == f"{algo}.yml" and conf_file.is_relative_to(bin_folder.parent)
+    # and the run's first line said so
+    assert lines[0] == f"sb3-safe train: configuration {conf_file} (packaged), entry '{env_id}'; guard on (rollback)"
     result = _run([sb3_safe_command, "doctor", str(model)], tmp_path, env)
     assert "Healthy" in result.stdout
