@@ -588,7 +588,8 @@ def test_help_documents_the_exit_statuses(capsys: pytest.CaptureFixture) -> None
     with pytest.raises(SystemExit):
         main(["doctor", "--help"])
     text = " ".join(capsys.readouterr().out.split())
-    assert "Exit status: 0 healthy; 1 unhealthy (code beyond what SB3 model files need, NaN / inf" in text
+    assert "Exit status: 0 healthy; 1 unhealthy (code beyond what SB3 model files need, a lambda learning rate" in text
+    assert "stored with its code included, NaN / inf" in text
     assert "2 not a readable SB3 model" in text and "--max-entry-mb" in text
 
 
