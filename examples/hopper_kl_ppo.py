@@ -40,7 +40,7 @@ class KLBetaPrinter(BaseCallback):
     def _on_rollout_start(self) -> None:
         if self.n_rollouts % self.every == 0:
             kl = self.logger.name_to_value.get("train/kl")
-            measured = "" if kl is None else f", mean KL of the last update {kl:.4f}"
+            measured = "" if kl is None else f", mean KL of the last update {kl:.4g}"
             print(f"{self.num_timesteps:>8} steps: beta {self.model.kl_beta:.4g}{measured}")
         self.n_rollouts += 1
 
@@ -50,6 +50,7 @@ def main() -> None:
     parser.add_argument("--timesteps", type=int, default=100_000, help="training budget")
     parser.add_argument("--output", type=Path, default=Path("runs/hopper_kl_ppo"), help="folder for model and statistics")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--print-every", type=int, default=20, help="print beta after every this many updates")
     args = parser.parse_args()
 
     # rl-zoo normalizes observations and rewards for MuJoCo, discounting the reward statistics with the agent's gamma
@@ -74,9 +75,11 @@ def main() -> None:
         seed=args.seed,
     )
     guard = NonFiniteGuardCallback(on_nonfinite="rollback")
-    model.learn(args.timesteps, callback=[guard, KLBetaPrinter(every=20)])
+    model.learn(args.timesteps, callback=[guard, KLBetaPrinter(every=args.print_every)])
+    kl = model.logger.name_to_value.get("train/kl")
+    measured = "" if kl is None else f" (mean KL of the last update {kl:.4g})"
     skipped = model.skipped_updates
-    print(f"final beta {model.kl_beta:.4g}; skipped optimizer steps {skipped}; rollbacks {guard.n_rollbacks}")
+    print(f"final beta {model.kl_beta:.4g}{measured}; skipped optimizer steps {skipped}; rollbacks {guard.n_rollbacks}")
 
     args.output.mkdir(parents=True, exist_ok=True)
     model_path, stats_path = args.output / "kl_ppo_hopper.zip", args.output / "vecnormalize.pkl"

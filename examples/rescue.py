@@ -80,7 +80,8 @@ def main() -> None:
     print("\n3. SafeMlpPolicy (bounded log-std) with the guard")
     model = A2C(SafeMlpPolicy, LargeActionRewardEnv(), learning_rate=LEARNING_RATE, seed=args.seed)
     # Patience in environment steps (the default, 10,000, is longer than this example's runs)
-    guard = NonFiniteGuardCallback(on_nonfinite="rollback", collapse_patience=200)
+    patience = 200
+    guard = NonFiniteGuardCallback(on_nonfinite="rollback", collapse_patience=patience)
     model.learn(args.timesteps, callback=guard)
     low, high = model.policy.log_std_range
     log_std = model.policy.log_std.data
@@ -88,8 +89,8 @@ def main() -> None:
         f"SafeMlpPolicy: trained {model.num_timesteps} steps, {len(guard.events)} guard events, "
         f"log-std parameter in [{log_std.min().item():.3g}, {log_std.max().item():.3g}] (bounds [{low:g}, {high:g}])"
     )
-    # Finite is not healthy: a log-std pinned at the lower bound no longer explores; the guard says so
-    print(f"guard: {guard.exploration.message or 'exploration never sat at a bound'}")
+    # Finite is not healthy: a log-std pinned at a bound no longer explores (or explores only noise); the guard says so
+    print(f"guard: {guard.exploration.message or f'no log-std sat at a bound for {patience} environment steps'}")
 
 
 if __name__ == "__main__":
