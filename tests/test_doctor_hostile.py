@@ -12,10 +12,10 @@ import os
 import pickle
 import subprocess
 import sys
-import time
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import cloudpickle
 import gymnasium as gym
@@ -106,8 +106,40 @@ def _booby_trap(model_zip: Path, target: Path, place: str, payload: Reduce) -> P
     return rewrite_zip(model_zip, target, replace={"pytorch_variables.pth": torch_bytes({"x": payload}, legacy=True)})
 
 
-def _assert_never_created(canary: Path, wait: float = 0.0) -> None:
-    time.sleep(wait)  # Popen's child would need a moment
+#: Audit events by which a payload would start to run: a process, a shell command, code compiled, a file opened
+_RUN_EVENTS = frozenset({"subprocess.Popen", "os.system", "os.posix_spawn", "os.exec", "os.spawn", "compile", "open"})
+#: For each canary watched: the audit events of this process that named it since
+_SEEN: dict[str, list[str]] = {}
+
+
+def _audit(event: str, args: tuple[Any, ...]) -> None:
+    if _SEEN and event in _RUN_EVENTS:
+        text = repr(args)
+        for canary, seen in _SEEN.items():
+            if canary in text:
+                seen.append(f"{event}{text}")
+
+
+sys.addaudithook(_audit)  # (for good: audit hooks cannot be removed; it does nothing while no canary is watched)
+
+
+def _watched(canary: Path) -> Path:
+    """Start recording the audit events that name ``canary``: every payload names it, and raises one when it runs."""
+    _SEEN[str(canary)] = []
+    return canary
+
+
+def _ran(canary: Path) -> list[str]:
+    """Stop watching ``canary``: the audit events that named it."""
+    return _SEEN.pop(str(canary))
+
+
+def _assert_never_created(canary: Path) -> None:
+    """
+    No payload ran since ``_watched(canary)``: deterministic, with no wait for a child process that might still create
+    the canary, since starting one (``subprocess.Popen``, ``os.system``) raises its audit event in this process first.
+    """
+    assert _ran(canary) == []
     assert not canary.exists()
 
 
@@ -123,13 +155,24 @@ def _doctor(path: Path, capsys: pytest.CaptureFixture, *args: str) -> tuple[int,
 def test_code_running_pickles_are_named_and_nothing_runs(
     kind: str, place: str, model_zip: Path, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
-    canary = tmp_path / "canary"
+    canary = _watched(tmp_path / "canary")
     path = _booby_trap(model_zip, tmp_path / "trap.zip", place, _payload(kind, canary))
     status, out, err = _doctor(path, capsys)
     assert status == EXIT_UNHEALTHY and err == ""
     assert f"  {PLACES[place]}: loading this file would run code from {PAYLOAD_GLOBALS[kind]} (the pickle calls it" in out
     assert "UNSAFE" in out and "Healthy" not in out
-    _assert_never_created(canary, wait=0.3 if kind == "subprocess.Popen" else 0.0)
+    _assert_never_created(canary)
+
+
+@pytest.mark.parametrize("kind", PAYLOAD_GLOBALS)
+def test_the_audit_sees_each_payload_run(kind: str, tmp_path: Path) -> None:
+    """The check of the tests above fails where a payload runs: its audit event comes before the canary exists."""
+    canary = _watched(tmp_path / "canary")
+    ran = pickle.loads(pickle.dumps(_payload(kind, canary)))
+    seen = _ran(canary)
+    if isinstance(ran, subprocess.Popen):
+        ran.wait()
+    assert seen and seen[0].startswith(("subprocess.Popen", "os.system", "compile")), seen
 
 
 def test_the_payloads_run_when_loaded(model_zip: Path, tmp_path: Path) -> None:
@@ -153,7 +196,7 @@ def test_the_payloads_run_when_loaded(model_zip: Path, tmp_path: Path) -> None:
 
 def test_every_data_item_booby_trapped(model_zip: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     """The issue's file: every pickled item of data calls os.system. Each is named; the policy class is not shown."""
-    canary = tmp_path / "canary"
+    canary = _watched(tmp_path / "canary")
     trap = pickle.dumps(_payload("os.system", canary))
     with zipfile.ZipFile(model_zip) as archive:
         pickled = [
@@ -243,7 +286,7 @@ def _crafted(canary: Path) -> dict[str, tuple[bytes, str, bool]]:
     ],
 )
 def test_crafted_pickles(case: str, model_zip: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    canary = tmp_path / "canary"
+    canary = _watched(tmp_path / "canary")
     pickled, expected, live = _crafted(canary)[case]
     path = rewrite_zip(model_zip, tmp_path / "trap.zip", data=lambda data: data | {"lr_schedule": serialized(pickled)})
     modules = set(sys.modules)
@@ -260,7 +303,7 @@ def test_crafted_pickles(case: str, model_zip: Path, tmp_path: Path, capsys: pyt
 
 def test_nested_torch_bytes_are_scanned(model_zip: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     """torch.storage._load_from_bytes (ARS's weights) runs torch.load(weights_only=False) on bytes of the pickle."""
-    canary = tmp_path / "canary"
+    canary = _watched(tmp_path / "canary")
     inner = torch_bytes(_payload("builtins.eval", canary), legacy=True)
     outer = pickle.dumps(Reduce(th.storage._load_from_bytes, inner))
     path = rewrite_zip(model_zip, tmp_path / "trap.zip", data=lambda data: data | {"weights": serialized(outer)})
@@ -576,11 +619,12 @@ def test_all_nan_log_std_is_reported_once(tmp_path: Path, capsys: pytest.Capture
 
 def test_hostile_file_end_to_end(model_zip: Path, tmp_path: Path) -> None:
     """As a user runs it: python -m sb3_safe doctor on a booby-trapped file."""
-    canary = tmp_path / "canary"
+    canary = _watched(tmp_path / "canary")
     path = _booby_trap(model_zip, tmp_path / "trap.zip", "data", _payload("os.system", canary))
     result = subprocess.run([sys.executable, "-m", "sb3_safe", "doctor", str(path)], capture_output=True, text=True)
     assert result.returncode == EXIT_UNHEALTHY and result.stderr == ""
     assert f"loading this file would run code from {SYSTEM}" in result.stdout
+    # (in the doctor's own process, which has ended: os.system would have created the canary before returning)
     _assert_never_created(canary)
 
 
@@ -604,7 +648,7 @@ def test_vecnormalize_and_replay_buffer_pickles(tmp_path: Path, capsys: pytest.C
     for name in ("vecnormalize.pkl", "buffer.pkl"):
         status, out, _ = _doctor(tmp_path / name, capsys)
         assert status == EXIT_HEALTHY and "Healthy: the pickle names only what SB3 files hold" in out
-    canary = tmp_path / "canary"
+    canary = _watched(tmp_path / "canary")
     (tmp_path / "trap.pkl").write_bytes(pickle.dumps(_payload("builtins.eval", canary)))
     status, out, _ = _doctor(tmp_path / "trap.pkl", capsys)
     assert status == EXIT_UNHEALTHY and "trap.pkl: loading this file would run code from builtins.eval" in out
@@ -632,7 +676,7 @@ def test_a_pickle_beyond_the_opcode_limit_is_never_healthy(
 ) -> None:
     """The scan stops at MAX_OPCODES: what follows is unread, so the file is refused (exit 2), never healthy."""
     monkeypatch.setattr("sb3_safe.doctor.scan.MAX_OPCODES", 1000)
-    canary = tmp_path / "canary"
+    canary = _watched(tmp_path / "canary")
     padding = (NONE + POP) * 600  # 1200 harmless opcodes before the payload
     pickled = PROTO_4 + padding + unicode("builtins") + unicode("eval") + STACK_GLOBAL
     pickled += unicode(touch_code(canary)) + TUPLE1 + REDUCE + STOP
