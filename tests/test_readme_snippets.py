@@ -19,6 +19,7 @@ import shlex
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ import gymnasium as gym
 import gymnasium.envs.registration
 import pytest
 import tomllib
+import torch as th
 from packaging.requirements import Requirement
 from snippets import CHECKED, CODE_DIRECTIVES, ROOT, Block, docs_blocks, docs_directives, readme_blocks
 from stable_baselines3 import PPO
@@ -34,6 +36,8 @@ from stable_baselines3.common.off_policy_algorithm import OffPolicyAlgorithm
 from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
 
 import sb3_safe
+from sb3_safe.common.distributions import min_action_probability
+from sb3_safe.doctor import diagnose
 
 # The console scripts and the interpreter of the environment that runs the tests (.venv/bin)
 BIN = Path(sys.executable).parent
@@ -75,22 +79,23 @@ def _capped_init(init: Callable[..., None], caps: dict[str, int]) -> Callable[..
     return capped_init
 
 
-def _capped_setup_learn(setup_learn: Callable[..., Any]) -> Callable[..., Any]:
+def _capped_setup_learn(setup_learn: Callable[..., Any], max_timesteps: int) -> Callable[..., Any]:
     @functools.wraps(setup_learn)
     def capped_setup_learn(self: BaseAlgorithm, total_timesteps: int, *args: Any, **kwargs: Any) -> Any:
-        return setup_learn(self, min(total_timesteps, MAX_TIMESTEPS), *args, **kwargs)
+        return setup_learn(self, min(total_timesteps, max_timesteps), *args, **kwargs)
 
     return capped_setup_learn
 
 
-def apply_budget(patch: Callable[[Any, str, Any], None]) -> None:
+def apply_budget(patch: Callable[[Any, str, Any], None], max_timesteps: int = MAX_TIMESTEPS) -> None:
     """
     Cap the budget of every SB3 algorithm, whatever the snippet asks for.
 
     :param patch: sets an attribute: ``monkeypatch.setattr`` in the tests, ``setattr`` in the commands' processes
+    :param max_timesteps: the most timesteps a ``learn()`` trains
     """
     # Every algorithm's learn() (PPO, A2C, SAC ... and the subclasses) passes its total_timesteps through here
-    patch(BaseAlgorithm, "_setup_learn", _capped_setup_learn(vars(BaseAlgorithm)["_setup_learn"]))
+    patch(BaseAlgorithm, "_setup_learn", _capped_setup_learn(vars(BaseAlgorithm)["_setup_learn"], max_timesteps))
     for cls, caps in CONSTRUCTOR_CAPS.items():
         # Patched on the class that takes the argument, the subclasses' super().__init__() calls reach it too
         patch(cls, "__init__", _capped_init(vars(cls)["__init__"], caps))
@@ -185,14 +190,158 @@ def fresh_gym_registry(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         sys.modules["ale_py"] = ale_py
 
 
+@dataclass(frozen=True)
+class Shows:
+    """
+    What a Python block shows (what it prints, what its comments claim), checked after it ran.
+
+    :param source: the Markdown file, relative to the repository root
+    :param code: a line of the block found in no other block of that file
+    :param printed: exactly what it prints, where that is known
+    :param check: called with what the block printed and its namespace; asserts what the block shows
+    :param max_timesteps: the budget of its ``learn()`` calls, where what it shows needs more than the usual one
+    """
+
+    source: str
+    code: str
+    printed: str | None = None
+    check: Callable[[str, dict[str, Any]], None] | None = None
+    max_timesteps: int = MAX_TIMESTEPS
+
+    def matches(self, block: Block) -> bool:
+        return block.name == self.source and self.code in block.code
+
+    def assert_shown(self, printed: str, namespace: dict[str, Any]) -> None:
+        if self.printed is not None:
+            assert printed == self.printed
+        if self.check is not None:
+            self.check(printed, namespace)
+
+
+def _doctor_healthy(printed: str, namespace: dict[str, Any]) -> None:
+    # "sb3-safe doctor ppo_pendulum: checked without loading it"
+    report = diagnose("ppo_pendulum")
+    assert report.healthy and report.log_std_range is not None
+
+
+def _adaptive_lr_moved(printed: str, namespace: dict[str, Any]) -> None:
+    # "the callback brings it back into a sound range": the rate the steps use is inside the bounds of PPO-style
+    # algorithms from the first update on, 100 times below the configured one
+    learning_rate, redone, decisions = printed.split(" ", 2)
+    callback = namespace["adaptive_lr"]
+    assert float(learning_rate) == namespace["model"].policy.optimizer.param_groups[0]["lr"]
+    assert 1e-5 <= float(learning_rate) <= 1e-3 and callback.history
+    assert int(redone) == callback.redone_updates and decisions.strip() == str(callback.decisions)
+
+
+def _adaptive_lr_saved(printed: str, namespace: dict[str, Any]) -> None:
+    # "saved with the model": the loaded model's settings are the trained one's
+    assert printed == f"{namespace['model'].adaptive_lr}\n" and isinstance(namespace["model"].adaptive_lr, dict)
+
+
+def _lambda_refused(printed: str, namespace: dict[str, Any]) -> None:
+    # "refused, with the custom_objects that replace it", which then load the file
+    assert "lambda.zip" in printed and 'custom_objects={"learning_rate": ' in printed, printed
+    assert isinstance(namespace["model"], PPO) and namespace["model"].learning_rate == 3e-4
+
+
+def _diagnosed(printed: str, namespace: dict[str, Any]) -> None:
+    report = namespace["report"]
+    assert report.healthy and printed == f"True {report.log_std_range}\n{report.format()}\n"
+    assert report.log_std_range == (0.0, 0.0)  # a new policy's log-std, inside SafeMlpPolicy's range
+
+
+def _all_finite(printed: str, namespace: dict[str, Any]) -> None:
+    distribution, actions = namespace["distribution"], namespace["actions"]
+    values = (distribution.log_prob(actions), distribution.entropy(), distribution.sample())
+    assert all(bool(th.isfinite(value).all()) for value in values) and printed.count("tensor(") == 3
+    assert "nan" not in printed and "inf" not in printed
+
+
+def _stalled(printed: str, namespace: dict[str, Any]) -> None:
+    expected = "Training stalled at timestep 160: every optimizer step of the last 10 updates "
+    assert printed.startswith(expected), printed
+
+
+def _minimum_kept(printed: str, namespace: dict[str, Any]) -> None:
+    # "each of Pong's 6 actions keeps at least this probability": in the trained policy too
+    minimum = min_action_probability(6, 10.0)
+    assert printed.splitlines()[0] == str(minimum)
+    model = namespace["model"]
+    observation = th.as_tensor(model._last_obs, device=model.device)
+    with th.no_grad():
+        probabilities = model.policy.get_distribution(observation).distribution.probs
+    assert probabilities.shape == (8, 6) and probabilities.min().item() >= minimum * (1 - 1e-4)
+
+
+def _policy_refused(printed: str, namespace: dict[str, Any]) -> None:
+    assert printed.startswith("SafeActorCriticPolicy serves PPO, ") and ", not SAC, " in printed, printed
+
+
+def _stock_run_continued(printed: str, namespace: dict[str, Any]) -> None:
+    # "SafeMlpPolicy, the weights and Adam state of the stock run"
+    assert type(namespace["model"].policy) is sb3_safe.SafeMlpPolicy and namespace["model"].num_timesteps > 0
+
+
+def _evaluated(printed: str, namespace: dict[str, Any]) -> None:
+    assert re.fullmatch(r"mean return \d+\.\d \+- \d+\.\d\n", printed), printed
+
+
+#: What the Python blocks show: every block that prints has an entry (test_every_printing_block_is_checked)
+SHOWS = [
+    Shows("README.md", 'model.save("ppo_pendulum")  # sb3-safe doctor', check=_doctor_healthy),
+    Shows("docs/guide/adaptive_lr.md", "adaptive_lr.redone_updates, adaptive_lr.decisions", check=_adaptive_lr_moved),
+    Shows("docs/guide/adaptive_lr.md", 'KLAdaptivePPO.load("kl_ppo_adaptive_lr").adaptive_lr', check=_adaptive_lr_saved),
+    Shows("docs/guide/doctor.md", "except sb3_safe.RefusedFileError as error:", check=_lambda_refused),
+    Shows("docs/guide/doctor.md", "print(report.healthy, report.log_std_range)", check=_diagnosed),
+    Shows("docs/guide/guarantees.md", "# all finite", check=_all_finite),
+    # a healthy run: no stop, no event
+    Shows("docs/guide/guard.md", "print(guard.stop_reason, guard.events)", printed="None []\n"),
+    Shows("docs/guide/guard.md", "print(guard.stop_reason)  # ", check=_stalled, max_timesteps=1_000),
+    # 2,048 steps, under the patience of 10,000: the block shows the call, no warning can come yet
+    Shows("docs/guide/guard.md", "if issubclass(w.category, ExplorationWarning)", printed="[]\n"),
+    Shows("docs/guide/install.md", "CUDA available:", printed=f"{th.__version__} CUDA available: {th.cuda.is_available()}\n"),
+    Shows("docs/guide/policies.md", "model.policy.log_std.max().item() <= 2.0", printed="True True\n"),
+    Shows("docs/guide/policies.md", "print(min_action_probability(6, 10.0))", check=_minimum_kept),
+    Shows("docs/guide/policies.md", "except PolicyAlgorithmMismatchError as error:", check=_policy_refused),
+    Shows("docs/guide/kl_ppo.md", 'KLAdaptivePPO.load("stock_ppo", env=env)', check=_stock_run_continued),
+    Shows("docs/guide/quickstart.md", 'print(f"mean return', check=_evaluated),
+    Shows("docs/guide/safe_a2c.md", "print(model.skipped_updates)", printed="0\n"),
+]
+
+
+def shows_of(block: Block) -> Shows | None:
+    return next((shows for shows in SHOWS if shows.matches(block)), None)
+
+
+def test_every_printing_block_is_checked() -> None:
+    """A block's output is part of what it shows the reader; each entry of SHOWS names exactly one block."""
+    python = [block for block in BLOCKS if block.language == "python" and block.checked is None]
+    for shows in SHOWS:
+        assert sum(shows.matches(block) for block in python) == 1, f"{shows.source}: {shows.code!r} names no single block"
+    unchecked = [f"{b.name} line {b.line}" for b in python if "print(" in b.code and shows_of(b) is None]
+    assert not unchecked, f"say in SHOWS what these blocks show: {unchecked}"
+
+
 @pytest.mark.parametrize("block", block_params("python"))
-def test_python_block(block: Block, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fresh_gym_registry: None) -> None:
-    apply_budget(monkeypatch.setattr)
+def test_python_block(
+    block: Block,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    fresh_gym_registry: None,
+    capsys: pytest.CaptureFixture,
+) -> None:
+    shows = shows_of(block)
+    apply_budget(monkeypatch.setattr, MAX_TIMESTEPS if shows is None else shows.max_timesteps)
     # Files the snippet saves (model.save, the guard's save_path, MuJoCo's log) go to the temporary folder
     monkeypatch.chdir(tmp_path)
     # Padded to the fence's line: a traceback names the file's own line
     code = compile("\n" * block.line + block.code, str(block.source), "exec")
-    exec(code, {"__name__": "__main__"})
+    namespace: dict[str, Any] = {"__name__": "__main__"}
+    capsys.readouterr()
+    exec(code, namespace)
+    if shows is not None:
+        shows.assert_shown(capsys.readouterr().out, namespace)
 
 
 # ----- bash blocks -----
