@@ -4,9 +4,9 @@ coefficient around rl-zoo's tuned settings), stock SB3 vs sb3-safe in the same r
 
 Usage::
 
-    python -m benchmarks run overhead|learning|stress|robustness|adaptive_lr|critic|faults|all
+    python -m benchmarks run overhead|learning|stress|robustness|adaptive_lr|critic|faults|mutation|all
         [--quick | --size tiny|quick|full] [--jobs N] [--out DIR]
-    python -m benchmarks report overhead|learning|stress|robustness|adaptive_lr|critic|faults|all [--out DIR]  # from JSONL
+    python -m benchmarks report overhead|learning|...|mutation|all [--out DIR]  # from JSONL
 
 Each suite writes ``<out>/<suite>.jsonl`` (a meta row with command, machine, versions and budget, then one row
 per run), ``<out>/<suite>.md`` and PNG plots. Default out: ``benchmarks/results``.
@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-from benchmarks import adaptive_lr, critic, faults, learning, overhead, reports, robustness, stress, suite
+from benchmarks import adaptive_lr, critic, faults, learning, mutation, overhead, reports, robustness, stress, suite
 
 SUITES: dict[str, ModuleType] = {
     "overhead": overhead,
@@ -36,6 +36,7 @@ SUITES: dict[str, ModuleType] = {
     "adaptive_lr": adaptive_lr,
     "critic": critic,
     "faults": faults,
+    "mutation": mutation,
 }
 
 
@@ -64,7 +65,8 @@ def main(argv: list[str] | None = None) -> None:
                 args.out,
                 command,
                 args.size,
-                min(args.jobs, len(jobs)),
+                # A suite may allow fewer processes (mutation: one work copy, so one at a time)
+                min(args.jobs, len(jobs), getattr(module, "MAX_JOBS", len(jobs))),
                 module.run_job,
                 jobs,
                 module.budget(args.size),

@@ -1,0 +1,546 @@
+"""
+Mutation testing of the modules that carry sb3-safe's promises (issue 41): a promise is guarded only if some test
+fails when the code that keeps it is broken.
+
+Mutants come from cosmic-ray's operators (``pip install .[mutation]``), a reduced set: each arithmetic, comparison,
+boolean and unary operator replaced by its natural counterpart (``+`` by ``-``, ``*`` by ``/``, ``<`` by ``<=`` and by
+``>=``, ``and`` by ``or``, ``-x`` by ``x``, ...), numbers moved by one, ``not`` added to conditions, ``True`` and
+``False`` swapped, loops run zero times, ``break`` / ``continue`` swapped, caught exceptions replaced and decorators
+removed (:data:`OPERATORS`); never inside a type annotation, where ``X | None`` is not arithmetic. The four mutants
+that issue 41 found by hand (:data:`HAND_MUTANTS`) run too.
+
+Each mutant runs only the tests that cover it: :data:`MODULES` maps each module to its test files, and a baseline
+run of those (on a work copy, ``build/mutation``, never the checkout) records with coverage which tests execute each
+line and how long each takes; a mutant then runs the tests that execute its statement (those that execute its
+function where the statement's line was not recorded; all of them for code that runs at import), fastest first, up to
+the first failure. One process imports torch, SB3 and pytest once and forks one child per mutant, which imports the
+mutated sb3-safe. A mutant is *killed* when a test fails (or the import fails, or the tests hang past the timeout),
+*survived* when they all pass, *not covered* when no test executes it.
+
+Usage: ``python -m benchmarks run mutation --jobs 1`` (hours; resumable: rerun the same command and it runs only the
+mutants without a row; the modules go smallest first) writes ``mutation.jsonl`` and ``mutation.md``;
+``python -m benchmarks.mutation retest [MODULE ...]`` runs the survivors again (after new tests) and rewrites their
+rows; ``python -m benchmarks.mutation show KEY`` prints a mutant's diff. Survivors that change no behaviour are
+listed in :data:`EQUIVALENT` with why.
+"""
+
+import ast
+import contextlib
+import difflib
+import hashlib
+import json
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from benchmarks import reports, suite
+from benchmarks.configs import ROOT
+
+#: The modules measured, smallest first, and the test files that may kill their mutants
+MODULES: dict[str, list[str]] = {
+    "sb3_safe/common/updates.py": ["tests/test_promises.py", "tests/test_ppo_kl.py", "tests/test_a2c_safe.py"],
+    "sb3_safe/common/guard/snapshot.py": [
+        "tests/test_guard.py",
+        "tests/test_guard_cadence.py",
+        "tests/test_guard_coverage.py",
+        "tests/test_promises.py",
+    ],
+    "sb3_safe/common/guard/locate.py": ["tests/test_guard.py", "tests/test_guard_coverage.py", "tests/test_promises.py"],
+    "sb3_safe/doctor/allowlist.py": [
+        "tests/test_doctor.py",
+        "tests/test_doctor_hostile.py",
+        "tests/test_secure_load_hostile.py",
+    ],
+    "sb3_safe/common/supervisor.py": ["tests/test_supervisor.py", "tests/test_adaptive_lr.py", "tests/test_faults.py"],
+    "sb3_safe/doctor/pickles.py": ["tests/test_doctor.py", "tests/test_doctor_hostile.py"],
+    "sb3_safe/common/guard/response.py": [
+        "tests/test_guard.py",
+        "tests/test_guard_cadence.py",
+        "tests/test_guard_coverage.py",
+        "tests/test_promises.py",
+    ],
+    "sb3_safe/a2c_safe/a2c_safe.py": ["tests/test_a2c_safe.py", "tests/test_promises.py"],
+    "sb3_safe/ppo_kl/ppo_kl.py": ["tests/test_promises.py", "tests/test_ppo_kl.py"],
+    "sb3_safe/common/adaptive_lr.py": ["tests/test_adaptive_lr.py", "tests/test_supervisor.py", "tests/test_faults.py"],
+    "sb3_safe/common/distributions.py": [
+        "tests/test_promises.py",
+        "tests/test_distributions.py",
+        "tests/test_verified_distributions.py",
+        "tests/test_policies.py",
+    ],
+    "sb3_safe/common/kl.py": ["tests/test_kl.py", "tests/test_kl_exact.py", "tests/test_promises.py"],
+}
+
+_COMPARISONS = [("Lt", "LtE"), ("Lt", "GtE"), ("LtE", "Lt"), ("LtE", "Gt"), ("Gt", "GtE"), ("Gt", "LtE"), ("GtE", "Gt"),
+                ("GtE", "Lt"), ("Eq", "NotEq"), ("NotEq", "Eq"), ("Is", "IsNot"), ("IsNot", "Is")]  # fmt: skip
+_ARITHMETIC = [("Add", "Sub"), ("Sub", "Add"), ("Mul", "Div"), ("Div", "Mul"), ("FloorDiv", "Div"), ("Mod", "FloorDiv"),
+               ("Pow", "Mul"), ("BitAnd", "BitOr"), ("BitOr", "BitAnd"), ("BitXor", "BitOr"), ("LShift", "RShift"),
+               ("RShift", "LShift")]  # fmt: skip
+#: cosmic-ray's operators used: each operator replaced by its natural counterpart, as mutmut and PIT do, not by all
+OPERATORS: list[str] = [
+    *(f"core/ReplaceComparisonOperator_{a}_{b}" for a, b in _COMPARISONS),
+    *(f"core/ReplaceBinaryOperator_{a}_{b}" for a, b in _ARITHMETIC),
+    "core/ReplaceUnaryOperator_Delete_USub",
+    "core/ReplaceUnaryOperator_Delete_Not",
+    "core/ReplaceUnaryOperator_Delete_Invert",
+    "core/NumberReplacer",
+    "core/AddNot",
+    "core/ReplaceTrueWithFalse",
+    "core/ReplaceFalseWithTrue",
+    "core/ReplaceAndWithOr",
+    "core/ReplaceOrWithAnd",
+    "core/ZeroIterationForLoop",
+    "core/ReplaceBreakWithContinue",
+    "core/ReplaceContinueWithBreak",
+    "core/ExceptionReplacer",
+    "core/RemoveDecorator",
+]
+#: The four one-line bugs issue 41 found surviving the suite, as (module, code, mutated code)
+HAND_MUTANTS: dict[str, tuple[str, str, str]] = {
+    "issue41/multicategorical_raw_logits": (
+        "sb3_safe/common/distributions.py",
+        "th.split(bounded, list(self.action_dims), dim=1)",
+        "th.split(action_logits, list(self.action_dims), dim=1)",
+    ),
+    "issue41/no_log_ratio_clamp": (
+        "sb3_safe/ppo_kl/ppo_kl.py",
+        "log_ratio = clamp_log_ratio(raw_log_ratio)",
+        "log_ratio = raw_log_ratio",
+    ),
+    "issue41/detached_kl_penalty": (
+        "sb3_safe/ppo_kl/ppo_kl.py",
+        "self.kl_beta * mean_kl\n",
+        "self.kl_beta * mean_kl.detach()\n",
+    ),
+    "issue41/no_rollout_buffer_check": (
+        "sb3_safe/common/callbacks.py",
+        "        if buffer is not None and not self.stopping and not self._watched.rollout_buffer_is_finite(buffer):\n"
+        "            self._handle(self._locator.in_rollout_buffer(buffer))\n",
+        "",
+    ),
+}
+#: Tests of the hand mutants' modules for those mutants (callbacks.py is not among MODULES)
+HAND_TESTS = ["tests/test_promises.py"]
+#: Survivors that change no behaviour, by key (``module:operator:occurrence``), with why
+EQUIVALENT: dict[str, str] = {}
+
+#: One work copy, one mutant at a time (``--jobs`` above 1 is lowered to this)
+MAX_JOBS = 1
+#: The work copy the mutants are written into (the checkout stays as it is: other jobs import it)
+WORK = ROOT / "build" / "mutation"
+#: The baselines, kept across sessions (keyed by the sources they ran)
+BASELINES = ROOT / "build" / "mutation_baselines"
+#: Copied into the work copy: what the mapped tests read
+_COPIED = ("sb3_safe", "tests", "examples", "docs", "pyproject.toml", "README.md")
+#: A mutant's tests may take this many times their baseline duration, plus this many seconds, before it counts as killed
+_TIMEOUT_FACTOR, _TIMEOUT_SLACK = 3.0, 60.0
+#: The size of each run: every mutant, every tenth, or the first three of each module
+_STRIDES = {"full": 1, "quick": 10, "tiny": 0}
+
+Mutant = tuple[str, str, int, int]  # (module, operator, occurrence, line)
+
+
+# ----- the mutants -----
+
+
+def _annotation_spans(source: str) -> list[tuple[tuple[int, int], tuple[int, int]]]:
+    """(start, end) positions, as (line, column), of the type annotations, where ``|`` builds a union type."""
+    spans = []
+    for node in ast.walk(ast.parse(source)):
+        annotations: list[ast.expr] = []
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            arguments = node.args
+            every = [*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs, arguments.vararg, arguments.kwarg]
+            annotations += [argument.annotation for argument in every if argument is not None and argument.annotation]
+            annotations += [node.returns] if node.returns is not None else []
+        elif isinstance(node, ast.AnnAssign):
+            annotations.append(node.annotation)
+        spans += [((a.lineno, a.col_offset), (a.end_lineno or a.lineno, a.end_col_offset or 0)) for a in annotations]
+    return spans
+
+
+def module_mutants(module: str) -> list[Mutant]:
+    """Every mutant of ``module`` by :data:`OPERATORS`, outside type annotations."""
+    import cosmic_ray.plugins
+    from cosmic_ray.ast import ast_nodes, get_ast
+
+    source = (ROOT / module).read_text()
+    tree = get_ast(source)
+    annotations = _annotation_spans(source)
+    mutants = []
+    for name in OPERATORS:
+        operator = cosmic_ray.plugins.get_operator(name)()
+        positions = [start for node in ast_nodes(tree) for start, _ in operator.mutation_positions(node)]
+        for occurrence, (line, column) in enumerate(positions):
+            if not any(start <= (line, column) < end for start, end in annotations):
+                mutants.append((module, name, occurrence, line))
+    return mutants
+
+
+def mutated_source(module: str, operator: str, occurrence: int) -> str | None:
+    """The source of ``module`` with one mutant applied (None: the operator has no such occurrence)."""
+    source = (ROOT / module).read_text()
+    if operator in HAND_MUTANTS:
+        _, code, mutated = HAND_MUTANTS[operator]
+        assert source.count(code) == 1, f"{operator}: the code it mutates changed"
+        return source.replace(code, mutated)
+    import cosmic_ray.plugins
+    from cosmic_ray.mutating import mutate_code
+
+    return mutate_code(source, cosmic_ray.plugins.get_operator(operator)(), occurrence)
+
+
+def mutant_key(module: str, operator: str, occurrence: int) -> str:
+    return f"{module}:{operator}:{occurrence}"
+
+
+def diff(module: str, operator: str, occurrence: int) -> str:
+    """The mutant's change, as changed lines (``-`` original, ``+`` mutated)."""
+    source, mutated = (ROOT / module).read_text(), mutated_source(module, operator, occurrence) or ""
+    lines = difflib.unified_diff(source.splitlines(), mutated.splitlines(), lineterm="", n=0)
+    return "\n".join(line for line in lines if line[:1] in "+-" and line[:3] not in ("---", "+++"))
+
+
+# ----- running tests in a forked child -----
+
+
+def _prepare_parent() -> None:
+    """Import once what every child needs (never sb3_safe: each child imports the mutated one)."""
+    import gymnasium  # noqa: F401
+    import hypothesis
+    import pytest  # noqa: F401
+    import stable_baselines3  # noqa: F401
+    import torch as th
+
+    th.set_num_threads(1)  # before any fork: one thread per child, no OpenMP pool to inherit
+    os.environ["OMP_NUM_THREADS"] = "1"
+    # Runs as reproducible as the tests allow, never failed by a deadline on a loaded machine, no shared database
+    hypothesis.settings.register_profile("mutation", database=None, deadline=None, derandomize=True)
+    hypothesis.settings.load_profile("mutation")
+
+
+def make_work_copy() -> None:
+    """A fresh copy of what the tests read, where mutants are written."""
+    if WORK.exists():
+        shutil.rmtree(WORK)
+    WORK.mkdir(parents=True)
+    for name in _COPIED:
+        source = ROOT / name
+        if source.is_dir():
+            shutil.copytree(source, WORK / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        elif source.exists():
+            shutil.copy2(source, WORK / name)
+
+
+def _in_child(function: Callable[[], int], timeout: float) -> tuple[int | None, float]:
+    """Run ``function`` in a forked child: its exit status (None: killed at the timeout) and the wall seconds."""
+    start = time.perf_counter()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns
+        status = 3
+        try:
+            os.setpgid(0, 0)  # its own process group, so that a timeout also ends what it started
+            with open(os.devnull, "w") as devnull, contextlib.redirect_stdout(devnull), contextlib.redirect_stderr(devnull):
+                status = function()
+        finally:
+            os._exit(status)
+    deadline = start + timeout
+    while True:
+        done, wait_status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(wait_status), time.perf_counter() - start
+        if time.perf_counter() > deadline:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            return None, time.perf_counter() - start
+        time.sleep(0.05)
+
+
+def _pytest_in_work_copy(args: list[str], plugins: list[Any]) -> int:
+    """In a child: run pytest on the work copy, with its sb3_safe imported fresh."""
+    import pytest
+
+    for name in [name for name in sys.modules if name == "sb3_safe" or name.startswith("sb3_safe.")]:
+        del sys.modules[name]
+    os.chdir(WORK)
+    sys.path.insert(0, str(WORK))
+    # Subprocesses the tests start (examples, the CLI) import the work copy too
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(WORK), os.environ.get("PYTHONPATH")]))
+    base = ["-q", "-p", "no:cacheprovider", "-p", "no:randomly", "-p", "no:xdist"]
+    return int(pytest.main([*base, *args], plugins=plugins))
+
+
+class _Recorder:
+    """A pytest plugin: each test's outcome and duration, and (with coverage) the lines it executes."""
+
+    def __init__(self, order: dict[str, float] | None = None, selected: set[str] | None = None, cov: Any = None):
+        self.order, self.selected, self.cov = order, selected, cov
+        self.outcomes: dict[str, str] = {}
+        self.durations: dict[str, float] = {}
+
+    def pytest_collection_modifyitems(self, session: Any, config: Any, items: list[Any]) -> None:
+        if self.selected is not None:
+            deselected = [item for item in items if item.nodeid not in self.selected]
+            items[:] = [item for item in items if item.nodeid in self.selected]
+            config.hook.pytest_deselected(items=deselected)
+        if self.order is not None:
+            order = self.order
+            items.sort(key=lambda item: order.get(item.nodeid, 0.0))
+
+    def pytest_runtest_setup(self, item: Any) -> None:
+        if self.cov is not None:
+            self.cov.switch_context(item.nodeid)
+
+    def pytest_runtest_logreport(self, report: Any) -> None:
+        if report.failed or report.when == "call":
+            self.outcomes[report.nodeid] = "failed" if report.failed else report.outcome
+        self.durations[report.nodeid] = self.durations.get(report.nodeid, 0.0) + report.duration
+
+
+def baseline(module: str, tests: list[str]) -> dict[str, Any]:
+    """
+    ``tests`` on the unmutated code, with coverage: which pass, how long each takes, which tests execute each line of
+    ``module``. Cached in the work copy, keyed by the module's and the tests' sources.
+    """
+    digest = hashlib.sha256(
+        b"".join((ROOT / path).read_bytes() for path in [module, *tests, "tests/conftest.py"])
+    ).hexdigest()[:16]
+    cache = BASELINES / f"{module.replace('/', '_')}-{digest}.json"
+    if cache.exists():
+        return json.loads(cache.read_text())
+    cache.parent.mkdir(parents=True, exist_ok=True)
+
+    def run() -> int:
+        import coverage
+
+        cov = coverage.Coverage(data_file=None, include=[str(WORK / module)])
+        recorder = _Recorder(cov=cov)
+        cov.start()
+        status = _pytest_in_work_copy(tests, [recorder])
+        cov.stop()
+        data = cov.get_data()
+        lines = {
+            str(line): sorted(contexts) for line, contexts in data.contexts_by_lineno(str(WORK / module)).items() if contexts
+        }
+        result = dict(status=status, outcomes=recorder.outcomes, durations=recorder.durations, lines=lines)
+        cache.write_text(json.dumps(result))
+        return 0
+
+    status, wall = _in_child(run, timeout=4 * 3600)
+    assert status == 0 and cache.exists(), f"the baseline of {module} failed (status {status})"
+    print(f"[mutation] baseline of {module}: {wall:.0f} s", flush=True)
+    return json.loads(cache.read_text())
+
+
+def _statement_lines(module: str, line: int) -> tuple[int, list[int] | None]:
+    """
+    The first line of the innermost statement holding ``line`` (what coverage records), and the lines of the function
+    whose body holds it (None: code that runs at import, a signature or decorator included).
+    """
+    statement, function = line, None
+    for node in ast.walk(ast.parse((ROOT / module).read_text())):
+        if not isinstance(node, ast.stmt) or not node.lineno <= line <= (node.end_lineno or node.lineno):
+            continue
+        definition = isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
+        in_body = definition and line >= node.body[0].lineno  # type: ignore[attr-defined]
+        if in_body and not isinstance(node, ast.ClassDef) and (function is None or node.lineno > function[0]):
+            function = (node.lineno, node.end_lineno or node.lineno)
+        if not in_body:
+            statement = node.lineno if statement == line else max(statement, node.lineno)
+    return statement, None if function is None else list(range(function[0], function[1] + 1))
+
+
+def covering_tests(module: str, line: int, base: dict[str, Any]) -> list[str] | None:
+    """The passing tests that execute the mutant's statement (its function's, all for import-time code); None: none."""
+    passing = {test for test, outcome in base["outcomes"].items() if outcome == "passed"}
+    statement, function = _statement_lines(module, line)
+    by_line = {int(number): set(contexts) - {""} for number, contexts in base["lines"].items()}
+    tests = by_line.get(statement, set())
+    if not tests and function is not None:
+        tests = set().union(*(by_line.get(number, set()) for number in function))
+    if not tests and function is None:
+        tests = passing  # module or class level: runs at import, for every test
+    tests &= passing
+    return sorted(tests) or None
+
+
+# ----- the suite -----
+
+
+def _all_mutants(size: str) -> list[Mutant]:
+    # The hand mutants first: a few runs of one test file that show the machinery works
+    mutants: list[Mutant] = [(module, name, 0, 0) for name, (module, _, _) in HAND_MUTANTS.items()]
+    for module in MODULES:
+        every = module_mutants(module)
+        stride = _STRIDES[size]
+        mutants += every[::stride] if stride else every[:3]
+    return mutants
+
+
+def jobs(size: str) -> list[Mutant]:
+    return _all_mutants(size)
+
+
+def job_key(job: Mutant) -> str:
+    return mutant_key(*job[:3])
+
+
+def row_key(row: dict[str, Any]) -> str:
+    return mutant_key(row["module"], row["operator"], row["occurrence"])
+
+
+def budget(size: str) -> dict[str, Any]:
+    """The operators and the measured sources: a run of other code is another run."""
+    sources = {module: hashlib.sha256((ROOT / module).read_bytes()).hexdigest()[:12] for module in MODULES}
+    return dict(operators=OPERATORS, hand_mutants=sorted(HAND_MUTANTS), sources=sources)
+
+
+_PREPARED: list[bool] = []
+
+
+def run_job(job: Mutant) -> list[dict[str, Any]]:
+    """Test one mutant: its row."""
+    if not _PREPARED:
+        _prepare_parent()
+        make_work_copy()
+        _PREPARED.append(True)
+    module, operator, occurrence, line = job
+    target = HAND_MUTANTS[operator][0] if operator in HAND_MUTANTS else module
+    row = dict(module=target, operator=operator, occurrence=occurrence, line=line)
+    mutated = mutated_source(target, operator, occurrence)
+    if mutated is None:
+        return [dict(row, outcome="no mutation", wall_s=0.0)]
+    base = baseline(target, HAND_TESTS if operator in HAND_MUTANTS else MODULES[target])
+    if operator in HAND_MUTANTS:
+        tests: list[str] | None = sorted(test for test, outcome in base["outcomes"].items() if outcome == "passed")
+    else:
+        tests = covering_tests(target, line, base)
+    if tests is None:
+        return [dict(row, outcome="not covered", tests=0, wall_s=0.0)]
+    recorder = _Recorder(order=base["durations"], selected=set(tests))
+    files = sorted({test.split("::")[0] for test in tests})
+    path = WORK / target
+    original = path.read_text()
+    for cached in (path.parent / "__pycache__").glob(f"{path.stem}.*.pyc"):
+        cached.unlink()
+    path.write_text(mutated)
+    try:
+        timeout = _TIMEOUT_FACTOR * sum(base["durations"].get(test, 1.0) for test in tests) + _TIMEOUT_SLACK
+
+        def run() -> int:
+            status = _pytest_in_work_copy(["-x", *files], [recorder])
+            failed = [test for test, outcome in recorder.outcomes.items() if outcome == "failed"]
+            (WORK / "last_failure").write_text(failed[0] if failed else "")
+            return status
+
+        status, wall = _in_child(run, timeout)
+    finally:
+        path.write_text(original)
+        for cached in (path.parent / "__pycache__").glob(f"{path.stem}.*.pyc"):
+            cached.unlink()
+    killed_by = (WORK / "last_failure").read_text() if (WORK / "last_failure").exists() else ""
+    with contextlib.suppress(FileNotFoundError):
+        (WORK / "last_failure").unlink()
+    # pytest: 0 all passed, 1 a test failed, 2 interrupted (an import or collection error: the mutant breaks import)
+    outcome = {None: "timeout", 0: "survived", 1: "killed", 2: "killed"}.get(status, f"error {status}")
+    return [dict(row, outcome=outcome, killed_by=killed_by, tests=len(tests), wall_s=round(wall, 2))]
+
+
+# ----- the report -----
+
+_KILLED = ("killed", "timeout")
+
+
+def report(out: Path) -> None:
+    """``mutation.md``: mutants, killed, survived and score per module; every survivor with its disposition."""
+    meta, rows = suite.read_jsonl(out / "mutation.jsonl")
+    expected = {module: len(module_mutants(module)) for module in MODULES}
+    tool_rows = [row for row in rows if row["operator"] not in HAND_MUTANTS and row["outcome"] != "no mutation"]
+    lines = reports.report_header(
+        "Mutation testing of the modules that carry the promises",
+        meta,
+        [
+            "Mutants: cosmic-ray's operators, each operator replaced by its natural counterpart (`benchmarks/mutation.py`,"
+            " `OPERATORS`), none inside type annotations; each run against the tests that execute it (coverage of the"
+            " mapped test files, `MODULES`), fastest first, up to the first failure.",
+            "Score: killed (a test fails, the import fails, or the tests hang past 3x their baseline time + 60 s) over"
+            " all mutants; a mutant no test executes counts as survived. Equivalent mutants (no behaviour changes) are"
+            " listed with why and left out of the score.",
+        ],
+    )
+    table = []
+    for module, total in expected.items():
+        mine = [row for row in tool_rows if row["module"] == module]
+        killed = sum(row["outcome"] in _KILLED for row in mine)
+        equivalent = sum(row_key(row) in EQUIVALENT and row["outcome"] not in _KILLED for row in mine)
+        survived = len(mine) - killed - equivalent
+        scored = killed + survived
+        score = f"{100 * killed / scored:.1f} %" if scored else "-"
+        state = "complete" if len(mine) == total else f"{len(mine)} of {total} run" if mine else "not run"
+        table.append([f"`{module}`", len(mine), killed, survived, equivalent, score, state])
+    lines += ["## Score per module", ""]
+    lines += reports.table(["module", "mutants run", "killed", "survived", "equivalent", "score", "state"], table)
+    hand = [row for row in rows if row["operator"] in HAND_MUTANTS]
+    lines += ["", "## The four survivors of issue 41", ""]
+    lines += reports.table(
+        ["mutant", "outcome", "killed by"],
+        [[row["operator"], row["outcome"], f"`{row.get('killed_by') or '-'}`"] for row in hand],
+    )
+    survivors = [row for row in tool_rows if row["outcome"] not in _KILLED]
+    lines += ["", "## Survivors", ""]
+    if not survivors:
+        lines.append("None so far.")
+    for row in survivors:
+        key = row_key(row)
+        why = EQUIVALENT.get(key, "open: no test fails on it yet")
+        change = diff(row["module"], row["operator"], row["occurrence"]).replace("\n", " / ")
+        lines.append(f"- `{key}` (line {row['line']}, {row['outcome']}): `{change}`: {why}")
+    reports.write_report(out / "mutation.md", lines)
+
+
+# ----- commands -----
+
+
+def retest(modules: list[str], out: Path = reports.RESULTS) -> None:
+    """Run the survivors (of ``modules``, or all) again and rewrite their rows: after new tests."""
+    path = out / "mutation.jsonl"
+    texts = [text for text in path.read_text().splitlines() if text.strip()]
+    rewritten = []
+    for text in texts:
+        row = json.loads(text)
+        if (
+            row.get("kind") == "run"
+            and row["outcome"] not in (*_KILLED, "no mutation")
+            and (not modules or row["module"] in modules)
+        ):
+            module = row["module"] if row["operator"] not in HAND_MUTANTS else HAND_MUTANTS[row["operator"]][0]
+            (new,) = run_job((module, row["operator"], row["occurrence"], row["line"]))
+            print(f"[mutation retest] {row_key(row)}: {row['outcome']} -> {new['outcome']} {new.get('killed_by', '')}")
+            row = dict(row, **new, retested_at=time.time())
+        rewritten.append(json.dumps(row))
+    with tempfile.NamedTemporaryFile("w", dir=out, delete=False) as file:
+        file.write("\n".join(rewritten) + "\n")
+    os.replace(file.name, path)
+    report(out)
+
+
+def main(argv: list[str]) -> None:
+    if argv[:1] == ["retest"]:
+        retest(argv[1:])
+    elif argv[:1] == ["show"]:
+        module, operator, occurrence = argv[1].rsplit(":", 2)
+        print(diff(module, operator, int(occurrence)))
+    else:
+        for module in MODULES:
+            print(f"{module}: {len(module_mutants(module))} mutants")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
