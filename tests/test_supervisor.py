@@ -244,7 +244,7 @@ def test_no_update_runs_at_a_negative_learning_rate_or_clip_range(algo: str) -> 
 
     if algo == "KLAdaptivePPO":
         model: BaseAlgorithm = KLAdaptivePPO("MlpPolicy", "CartPole-v1", **kwargs)
-        callbacks: list[BaseCallback] = [Recorder()]
+        callbacks: list[BaseCallback] = [NonFiniteGuardCallback(), Recorder()]
     else:
         model = PPO("MlpPolicy", "CartPole-v1", **kwargs)
         extra = NonFiniteGuardCallback() if algo == "PPO+guard" else KLAdaptiveLRCallback(trust_region=False)

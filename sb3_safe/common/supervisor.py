@@ -172,8 +172,8 @@ class UpdateSupervisor:
         """
         model = self.model
         total = getattr(model, "_total_timesteps", 0)
-        if not total or model.num_timesteps <= total:
-            return
+        if not total or model.num_timesteps <= total or getattr(model, "reads_schedules_from_zero", False):
+            return  # (sb3-safe's algorithms clamp their progress at 0 themselves)
         progress = 1.0 - model.num_timesteps / total
         for name in SCHEDULES:
             schedule = getattr(model, name, None)
@@ -190,7 +190,6 @@ class UpdateSupervisor:
                     f" size), where SB3 reads schedules below progress 0. sb3-safe reads it at progress 0"
                     f" ({float(schedule(0.0)):.3g}) instead."
                 )
-                model.logger.log(message)
                 warnings.warn(message, UserWarning, stacklevel=2)
 
     def _restore_schedules(self) -> None:

@@ -277,6 +277,9 @@ class KLAdaptivePPO(PPO):
             excluded.append("rollout_buffer_class")
         return [*excluded, ADAPTIVE_LR_CALLBACK]
 
+    #: Its schedules are read at progress 0 past the end of training (the supervisor of the callbacks need not)
+    reads_schedules_from_zero: ClassVar[bool] = True
+
     def _update_current_progress_remaining(self, num_timesteps: int, total_timesteps: int) -> None:
         super()._update_current_progress_remaining(num_timesteps, total_timesteps)
         read_from_zero_past_the_end(self)
