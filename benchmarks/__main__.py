@@ -5,7 +5,7 @@ coefficient around rl-zoo's tuned settings), stock SB3 vs sb3-safe in the same r
 Usage::
 
     python -m benchmarks run overhead|learning|stress|robustness|adaptive_lr|critic|faults|mutation|all
-        [--quick | --size tiny|quick|full] [--jobs N] [--out DIR]
+        [--quick | --size tiny|quick|full] [--jobs N] [--out DIR] [--modules MODULE ...]
     python -m benchmarks report overhead|learning|...|mutation|all [--out DIR]  # from JSONL
 
 Each suite writes ``<out>/<suite>.jsonl`` (a meta row with command, machine, versions and budget, then one row
@@ -51,7 +51,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_const", const="quick", dest="size", help="same as --size quick")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="parallel processes (default: cores)")
     parser.add_argument("--out", type=Path, default=reports.RESULTS, help="results folder")
+    parser.add_argument(
+        "--modules", nargs="+", metavar="MODULE", help="mutation only: the modules to mutate (a path or its end)"
+    )
     args = parser.parse_args(argv)
+    if args.modules and args.suite != "mutation":
+        parser.error("--modules selects the modules of the mutation suite only")
     args.out.mkdir(parents=True, exist_ok=True)
     argv_text = " ".join(sys.argv[1:] if argv is None else argv)
     for name in SUITES if args.suite == "all" else (args.suite,):
@@ -59,7 +64,7 @@ def main(argv: list[str] | None = None) -> None:
         if args.action == "run":
             # Each suite's own command line, so every report names the command that produced it
             command = "python -m benchmarks " + argv_text.replace(" all", f" {name}", 1)
-            jobs = module.jobs(args.size)
+            jobs = module.jobs(args.size, args.modules) if args.modules else module.jobs(args.size)
             suite.run_suite(
                 name,
                 args.out,
@@ -73,6 +78,8 @@ def main(argv: list[str] | None = None) -> None:
                 # A suite that names its jobs' keys is resumable: a rerun with the same --out continues it
                 job_key=getattr(module, "job_key", None),
                 row_key=getattr(module, "row_key", None),
+                # A suite whose row keys say what was measured keeps rows of every size in one JSONL
+                any_size=getattr(module, "ANY_SIZE", False),
             )
         module.report(args.out)
 

@@ -18,10 +18,16 @@ mutated sb3-safe. A mutant is *killed* when a test fails (or the import fails, o
 *survived* when they all pass, *not covered* when no test executes it.
 
 Usage: ``python -m benchmarks run mutation --jobs 1`` (hours; resumable: rerun the same command and it runs only the
-mutants without a row; the modules go smallest first) writes ``mutation.jsonl`` and ``mutation.md``;
+mutants without a row; the modules go smallest first) writes ``mutation.jsonl`` and ``mutation.md``; ``--quick``
+runs every tenth mutant of each module (the sample the report scores a module on until all its mutants have run),
+``--modules PATH ...`` only those modules' mutants (a path or its end: ``--modules snapshot.py kl.py``).
 ``python -m benchmarks.mutation retest [MODULE ...]`` runs the survivors again (after new tests) and rewrites their
 rows; ``python -m benchmarks.mutation show KEY`` prints a mutant's diff. Survivors that change no behaviour are
 listed in :data:`EQUIVALENT` with why.
+
+One JSONL holds the rows of every size: a row is keyed by its mutant and the hash of the source it mutated
+(``source``), so a quick run and a full one share the mutants they have in common, and a row of a module whose source
+has changed since is *stale*: run again, never scored.
 """
 
 import ast
@@ -44,7 +50,13 @@ from benchmarks.configs import ROOT
 
 #: The modules measured, smallest first, and the test files that may kill their mutants
 MODULES: dict[str, list[str]] = {
-    "sb3_safe/common/updates.py": ["tests/test_promises.py", "tests/test_ppo_kl.py", "tests/test_a2c_safe.py"],
+    "sb3_safe/common/updates.py": [
+        "tests/test_updates.py",
+        "tests/test_promises.py",
+        "tests/test_ppo_kl.py",
+        "tests/test_a2c_safe.py",
+        "tests/test_supervisor.py",  # schedules read at 0 past the end of the budget
+    ],
     "sb3_safe/common/guard/snapshot.py": [
         "tests/test_guard.py",
         "tests/test_guard_cadence.py",
@@ -127,11 +139,28 @@ HAND_MUTANTS: dict[str, tuple[str, str, str]] = {
 }
 #: Tests of the hand mutants' modules for those mutants (callbacks.py is not among MODULES)
 HAND_TESTS = ["tests/test_promises.py"]
-#: Survivors that change no behaviour, by key (``module:operator:occurrence``), with why
-EQUIVALENT: dict[str, str] = {}
+#: Survivors that change no behaviour, by row key (``module:operator:occurrence@source``: a changed source is triaged
+#: again), with why
+EQUIVALENT: dict[str, str] = {
+    # A snapshot's defaults: only a committed snapshot is read, and commit() captures it first
+    "sb3_safe/common/guard/snapshot.py:core/NumberReplacer:0@42e79fa34e77": (
+        "the default `timestep` is never read: capture() sets it on every snapshot before commit() makes it the healthy"
+        " one, and only the healthy one is read (statistics, the rollback and stop messages)"
+    ),
+    "sb3_safe/common/guard/snapshot.py:core/NumberReplacer:1@42e79fa34e77": (
+        "the default `timestep` is never read: capture() sets it on every snapshot before commit() makes it the healthy"
+        " one, and only the healthy one is read (statistics, the rollback and stop messages)"
+    ),
+    "sb3_safe/common/guard/snapshot.py:core/NumberReplacer:2@42e79fa34e77": (
+        "the default `lr_scale` is never read: its one reader is a rollback, whose store is restorable, and capture()"
+        " sets it on every restorable snapshot before commit(); a non-restorable one (raise mode) is never restored"
+    ),
+}
 
 #: One work copy, one mutant at a time (``--jobs`` above 1 is lowered to this)
 MAX_JOBS = 1
+#: Rows of every size in one JSONL (their keys name the source they mutated; the report says what each score is over)
+ANY_SIZE = True
 #: The work copy the mutants are written into (the checkout stays as it is: other jobs import it)
 WORK = ROOT / "build" / "mutation"
 #: The baselines, kept across sessions (keyed by the sources they ran)
@@ -198,6 +227,11 @@ def mutated_source(module: str, operator: str, occurrence: int) -> str | None:
 
 def mutant_key(module: str, operator: str, occurrence: int) -> str:
     return f"{module}:{operator}:{occurrence}"
+
+
+def source_hash(module: str) -> str:
+    """The hash of ``module``'s source now: a row of another source measured other code."""
+    return hashlib.sha256((ROOT / module).read_bytes()).hexdigest()[:12]
 
 
 def diff(module: str, operator: str, occurrence: int) -> str:
@@ -309,8 +343,9 @@ def baseline(module: str, tests: list[str]) -> dict[str, Any]:
     ``tests`` on the unmutated code, with coverage: which pass, how long each takes, which tests execute each line of
     ``module``. Cached in the work copy, keyed by the module's and the tests' sources.
     """
+    # The work copy's files: what runs (the checkout's tests may have changed since the copy was made)
     digest = hashlib.sha256(
-        b"".join((ROOT / path).read_bytes() for path in [module, *tests, "tests/conftest.py"])
+        b"".join((WORK / path).read_bytes() for path in [module, *tests, "tests/conftest.py"])
     ).hexdigest()[:16]
     cache = BASELINES / f"{module.replace('/', '_')}-{digest}.json"
     if cache.exists():
@@ -374,26 +409,41 @@ def covering_tests(module: str, line: int, base: dict[str, Any]) -> list[str] | 
 # ----- the suite -----
 
 
-def _all_mutants(size: str) -> list[Mutant]:
+def _all_mutants(size: str, modules: list[str]) -> list[Mutant]:
     # The hand mutants first: a few runs of one test file that show the machinery works
-    mutants: list[Mutant] = [(module, name, 0, 0) for name, (module, _, _) in HAND_MUTANTS.items()]
-    for module in MODULES:
+    mutants: list[Mutant] = [
+        (module, name, 0, 0) for name, (module, _, _) in HAND_MUTANTS.items() if module in modules or module not in MODULES
+    ]
+    for module in modules:
         every = module_mutants(module)
         stride = _STRIDES[size]
         mutants += every[::stride] if stride else every[:3]
     return mutants
 
 
-def jobs(size: str) -> list[Mutant]:
-    return _all_mutants(size)
+def select_modules(names: list[str] | None) -> list[str]:
+    """The modules of :data:`MODULES` that ``names`` name (a path or its end, ``guard/snapshot.py``), in its order."""
+    if not names:
+        return list(MODULES)
+    unknown = [name for name in names if not any(module == name or module.endswith("/" + name) for module in MODULES)]
+    if unknown:
+        raise ValueError(f"--modules: {unknown} name none of the measured modules {list(MODULES)}")
+    return [module for module in MODULES if any(module == name or module.endswith("/" + name) for name in names)]
+
+
+def jobs(size: str, modules: list[str] | None = None) -> list[Mutant]:
+    """The mutants of a run of ``size``, of ``modules`` (names as :func:`select_modules` takes them; None: all)."""
+    return _all_mutants(size, select_modules(modules))
 
 
 def job_key(job: Mutant) -> str:
-    return mutant_key(*job[:3])
+    module, operator = job[:2]
+    target = HAND_MUTANTS[operator][0] if operator in HAND_MUTANTS else module
+    return f"{mutant_key(*job[:3])}@{source_hash(target)}"
 
 
 def row_key(row: dict[str, Any]) -> str:
-    return mutant_key(row["module"], row["operator"], row["occurrence"])
+    return f"{mutant_key(row['module'], row['operator'], row['occurrence'])}@{row.get('source')}"
 
 
 def budget(size: str) -> dict[str, Any]:
@@ -413,7 +463,7 @@ def run_job(job: Mutant) -> list[dict[str, Any]]:
         _PREPARED.append(True)
     module, operator, occurrence, line = job
     target = HAND_MUTANTS[operator][0] if operator in HAND_MUTANTS else module
-    row = dict(module=target, operator=operator, occurrence=occurrence, line=line)
+    row = dict(module=target, operator=operator, occurrence=occurrence, line=line, source=source_hash(target))
     mutated = mutated_source(target, operator, occurrence)
     if mutated is None:
         return [dict(row, outcome="no mutation", wall_s=0.0)]
@@ -458,11 +508,30 @@ def run_job(job: Mutant) -> list[dict[str, Any]]:
 _KILLED = ("killed", "timeout")
 
 
+def _current_rows(rows: list[dict[str, Any]]) -> tuple[dict[str, dict[str, Any]], dict[str, int]]:
+    """The rows of the sources as they are now, by mutant key (a later row replaces an earlier); stale rows per module."""
+    current: dict[str, dict[str, Any]] = {}
+    stale: dict[str, int] = {}
+    for row in rows:
+        if row["outcome"] == "no mutation":
+            continue
+        if row.get("source") != source_hash(row["module"]):
+            stale[row["module"]] = stale.get(row["module"], 0) + 1
+        else:
+            current[mutant_key(row["module"], row["operator"], row["occurrence"])] = row
+    return current, stale
+
+
 def report(out: Path) -> None:
-    """``mutation.md``: mutants, killed, survived and score per module; every survivor with its disposition."""
-    meta, rows = suite.read_jsonl(out / "mutation.jsonl")
-    expected = {module: len(module_mutants(module)) for module in MODULES}
-    tool_rows = [row for row in rows if row["operator"] not in HAND_MUTANTS and row["outcome"] != "no mutation"]
+    """
+    ``mutation.md``: mutants, killed, survived and score per module, and what each score is over (every mutant, the
+    quick sample of every tenth, or a partial run); every survivor with its disposition.
+    """
+    path = out / "mutation.jsonl"
+    meta, rows = suite.read_jsonl(path)
+    metas = [json.loads(text) for text in path.read_text().splitlines() if text.strip() and '"kind": "meta"' in text]
+    sessions = [m for m in metas if "wall_s" not in m]
+    current, stale = _current_rows(rows)
     lines = reports.report_header(
         "Mutation testing of the modules that carry the promises",
         meta,
@@ -471,37 +540,97 @@ def report(out: Path) -> None:
             " `OPERATORS`), none inside type annotations; each run against the tests that execute it (coverage of the"
             " mapped test files, `MODULES`), fastest first, up to the first failure.",
             "Score: killed (a test fails, the import fails, or the tests hang past 3x their baseline time + 60 s) over"
-            " all mutants; a mutant no test executes counts as survived. Equivalent mutants (no behaviour changes) are"
-            " listed with why and left out of the score.",
+            " the mutants scored; a mutant no test executes counts as survived. Equivalent mutants (no behaviour"
+            " changes) are listed with why and left out of the score.",
+            "What a score is over: *full* when every mutant of the module has a row; else *quick* (every tenth mutant"
+            " in the module's order, `--quick`) when that sample has run, rows outside it then listed but not scored;"
+            " else *partial* (the rows there are, labelled so). Rows of a module whose source has changed since they ran"
+            " are *stale*: never scored, run again by the next run.",
+            "Sessions (one JSONL, rows of every size): "
+            + "; ".join(f"`{m.get('command')}` at {m.get('commit')}" for m in sessions),
         ],
     )
     table = []
-    for module, total in expected.items():
-        mine = [row for row in tool_rows if row["module"] == module]
-        killed = sum(row["outcome"] in _KILLED for row in mine)
-        equivalent = sum(row_key(row) in EQUIVALENT and row["outcome"] not in _KILLED for row in mine)
-        survived = len(mine) - killed - equivalent
-        scored = killed + survived
-        score = f"{100 * killed / scored:.1f} %" if scored else "-"
-        state = "complete" if len(mine) == total else f"{len(mine)} of {total} run" if mine else "not run"
-        table.append([f"`{module}`", len(mine), killed, survived, equivalent, score, state])
+    for module in MODULES:
+        every = [mutant_key(*mutant[:3]) for mutant in module_mutants(module)]
+        sample = every[:: _STRIDES["quick"]]
+        mine = {key: current[key] for key in every if key in current}
+        if len(mine) == len(every):
+            measured, keys = "full (every mutant)", every
+        elif all(key in mine for key in sample):
+            measured, keys = f"quick (every 10th: {len(sample)} of {len(every)})", sample
+        elif mine:
+            in_sample = sum(key in mine for key in sample)
+            measured = f"**partial**: {len(mine)} of {len(every)} (quick sample: {in_sample} of {len(sample)})"
+            keys = list(mine)
+        else:
+            measured, keys = "**not measured**", []
+        scored = [mine[key] for key in keys if key in mine]
+        killed = sum(row["outcome"] in _KILLED for row in scored)
+        equivalent = sum(row_key(row) in EQUIVALENT and row["outcome"] not in _KILLED for row in scored)
+        survived = len(scored) - killed - equivalent
+        score = f"{100 * killed / (killed + survived):.1f} %" if killed + survived else "-"
+        unscored = len(mine) - len(scored)
+        table.append(
+            [
+                f"`{module}`",
+                len(every),
+                measured,
+                len(scored),
+                killed,
+                survived,
+                equivalent,
+                score,
+                unscored,
+                stale.get(module, 0),
+            ]
+        )
     lines += ["## Score per module", ""]
-    lines += reports.table(["module", "mutants run", "killed", "survived", "equivalent", "score", "state"], table)
+    lines += reports.table(
+        [
+            "module",
+            "mutants",
+            "measured on",
+            "scored",
+            "killed",
+            "survived",
+            "equivalent",
+            "score",
+            "run, not scored",
+            "stale rows",
+        ],
+        table,
+    )
     hand = [row for row in rows if row["operator"] in HAND_MUTANTS]
     lines += ["", "## The four survivors of issue 41", ""]
     lines += reports.table(
-        ["mutant", "outcome", "killed by"],
-        [[row["operator"], row["outcome"], f"`{row.get('killed_by') or '-'}`"] for row in hand],
+        ["mutant", "outcome", "killed by", "source"],
+        [
+            [
+                row["operator"],
+                row["outcome"],
+                f"`{row.get('killed_by') or '-'}`",
+                "as now" if row.get("source") == source_hash(row["module"]) else "stale (changed since)",
+            ]
+            for row in hand
+        ],
     )
-    survivors = [row for row in tool_rows if row["outcome"] not in _KILLED]
+    tool = [row for row in current.values() if row["operator"] not in HAND_MUTANTS]
+    retested = [row for row in tool if row.get("first_outcome") not in (None, *_KILLED) and row["outcome"] in _KILLED]
+    lines += ["", "## Survivors killed by new tests", ""]
+    if not retested:
+        lines.append("None so far.")
+    for row in retested:
+        change = diff(row["module"], row["operator"], row["occurrence"]).replace("\n", " / ")
+        lines.append(f"- `{row_key(row)}` (line {row['line']}): `{change}`: killed by `{row.get('killed_by') or '-'}`")
+    survivors = [row for row in tool if row["outcome"] not in _KILLED]
     lines += ["", "## Survivors", ""]
     if not survivors:
         lines.append("None so far.")
     for row in survivors:
-        key = row_key(row)
-        why = EQUIVALENT.get(key, "open: no test fails on it yet")
+        why = EQUIVALENT.get(row_key(row), "**open**: no test fails on it yet")
         change = diff(row["module"], row["operator"], row["occurrence"]).replace("\n", " / ")
-        lines.append(f"- `{key}` (line {row['line']}, {row['outcome']}): `{change}`: {why}")
+        lines.append(f"- `{row_key(row)}` (line {row['line']}, {row['outcome']}): `{change}`: {why}")
     reports.write_report(out / "mutation.md", lines)
 
 
@@ -509,7 +638,10 @@ def report(out: Path) -> None:
 
 
 def retest(modules: list[str], out: Path = reports.RESULTS) -> None:
-    """Run the survivors (of ``modules``, or all) again and rewrite their rows: after new tests."""
+    """
+    Run the survivors (of ``modules``, or all; rows of the sources as they are now, not those listed as equivalent)
+    again and rewrite their rows: after new tests.
+    """
     path = out / "mutation.jsonl"
     texts = [text for text in path.read_text().splitlines() if text.strip()]
     rewritten = []
@@ -519,11 +651,13 @@ def retest(modules: list[str], out: Path = reports.RESULTS) -> None:
             row.get("kind") == "run"
             and row["outcome"] not in (*_KILLED, "no mutation")
             and (not modules or row["module"] in modules)
+            and row.get("source") == source_hash(row["module"])  # a stale row measured other code
+            and row_key(row) not in EQUIVALENT
         ):
             module = row["module"] if row["operator"] not in HAND_MUTANTS else HAND_MUTANTS[row["operator"]][0]
             (new,) = run_job((module, row["operator"], row["occurrence"], row["line"]))
             print(f"[mutation retest] {row_key(row)}: {row['outcome']} -> {new['outcome']} {new.get('killed_by', '')}")
-            row = dict(row, **new, retested_at=time.time())
+            row = dict(row, **new, retested_at=time.time(), first_outcome=row.get("first_outcome", row["outcome"]))
         rewritten.append(json.dumps(row))
     with tempfile.NamedTemporaryFile("w", dir=out, delete=False) as file:
         file.write("\n".join(rewritten) + "\n")
@@ -533,7 +667,7 @@ def retest(modules: list[str], out: Path = reports.RESULTS) -> None:
 
 def main(argv: list[str]) -> None:
     if argv[:1] == ["retest"]:
-        retest(argv[1:])
+        retest(select_modules(argv[1:]) if argv[1:] else [])
     elif argv[:1] == ["show"]:
         module, operator, occurrence = argv[1].rsplit(":", 2)
         print(diff(module, operator, int(occurrence)))

@@ -100,6 +100,7 @@ def run_suite(
     budget: dict[str, Any],
     job_key: Callable[[Any], Hashable] | None = None,
     row_key: Callable[[dict[str, Any]], Hashable] | None = None,
+    any_size: bool = False,
 ) -> None:
     """
     Run a suite's jobs, write ``<suite>.jsonl`` (meta row first, completed with the end state).
@@ -111,11 +112,13 @@ def run_suite(
 
     :param job_key: what identifies a job
     :param row_key: the key of the job that wrote a row
+    :param any_size: resume rows of any size and budget of the suite (one whose row keys say what was measured, and
+        whose report says which rows count)
     """
     path = out / f"{suite}.jsonl"
     meta = dict(kind="meta", suite=suite, command=command, size=size, jobs=n_jobs, budget=budget, **machine_info())
     meta["started_at"] = time.time()
-    earlier = _earlier_lines(path, suite, size, budget) if job_key is not None and row_key is not None else []
+    earlier = _earlier_lines(path, suite, size, budget, any_size) if job_key is not None and row_key is not None else []
     if earlier:
         assert job_key is not None and row_key is not None
         rows = [line for line in earlier if line.get("kind") != "meta"]
@@ -142,10 +145,11 @@ def run_suite(
     write_jsonl(path, [meta], mode="a")
 
 
-def _earlier_lines(path: Path, suite: str, size: str, budget: dict[str, Any]) -> list[dict[str, Any]]:
+def _earlier_lines(path: Path, suite: str, size: str, budget: dict[str, Any], any_size: bool = False) -> list[dict[str, Any]]:
     """
     The lines of an earlier run of the same suite, size and budget to resume (a last line cut short dropped);
-    empty if there is none. Another size or budget in the file is refused rather than overwritten.
+    empty if there is none. Another size or budget in the file is refused rather than overwritten (unless
+    ``any_size``: then only another suite is).
     """
     if not path.exists():
         return []
@@ -161,6 +165,8 @@ def _earlier_lines(path: Path, suite: str, size: str, budget: dict[str, Any]) ->
         return []
     first = next((line for line in lines if line.get("kind") == "meta"), {})
     # Compared as JSON holds it (tuples are lists there)
+    if any_size and first.get("suite") == suite:
+        return lines
     if (first.get("suite"), first.get("size"), first.get("budget")) != (suite, size, json.loads(json.dumps(budget))):
         raise ValueError(
             f"{path} holds a run of suite {first.get('suite')!r} at size {first.get('size')!r} with another grid or"

@@ -3,6 +3,7 @@
 import csv
 import json
 import math
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -531,6 +532,64 @@ def test_rollback_restores_kl_beta_adapted_by_the_failed_update() -> None:
     assert guard.n_rollbacks == 1 and len(beta_before) == 4
     # the third update starts from the beta of the last healthy state, the first update's
     assert beta_before[2] == beta_after[0] != 77.0
+
+
+def test_rollback_restores_the_optimizer_hyperparameters_but_not_the_learning_rate() -> None:
+    """
+    Promise: a rollback restores each optimizer as it was at the last healthy state, its hyperparameters included
+    (here Adam's eps and betas, changed by the failed update), except the learning rate, which the schedule's scale
+    owns (lowered by ``lr_decay``).
+    """
+    model = small_ppo()
+    optimizer = model.policy.optimizer
+    healthy = {key: optimizer.param_groups[0][key] for key in ("eps", "betas")}
+    train = model.train
+    updates = []
+
+    def failing_second_update() -> None:
+        train()
+        updates.append(model.num_timesteps)
+        if len(updates) == 2:
+            optimizer.param_groups[0].update(eps=0.25, betas=(0.5, 0.5))
+            with th.no_grad():
+                model.policy.action_net.weight[0, 0] = math.nan
+
+    model.train = failing_second_update
+    guard = NonFiniteGuardCallback(on_nonfinite="rollback")
+    model.learn(32 * 3, callback=guard)
+
+    assert guard.n_rollbacks == 1 and len(updates) == 3
+    assert {key: optimizer.param_groups[0][key] for key in healthy} == healthy
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(0.5 * 3e-4)
+
+
+def test_an_error_names_the_gradient_norm_and_log_std_range_of_the_last_healthy_state() -> None:
+    """
+    Promise: a guard error describes the last healthy state: its timestep, the gradient norm of its last update and,
+    for a policy with a log-std, the range of the log-std (the usual suspects of a divergence), as they were then.
+    """
+    model = small_ppo("Pendulum-v1")
+    optimizer = model.policy.optimizer
+    seen: list[tuple[float, float, float]] = []
+
+    def record(optimizer: th.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        log_std = model.policy.log_std.detach()
+        seen.append((float(th.linalg.vector_norm(th.cat([g.flatten() for g in grads]))), log_std.min().item(),
+                     log_std.max().item()))  # fmt: skip
+
+    optimizer.register_step_post_hook(record)
+    CorruptAfterOptimizerStep(model, optimizer, {3}, first_weight_nan(model))
+    with pytest.raises(NonFiniteError) as error:
+        model.learn(256, callback=NonFiniteGuardCallback())
+    message = str(error.value)
+    grad_norm, low, high = seen[1]  # the last step of the first update, the last healthy state (timestep 32)
+    assert "Last healthy state (timestep 32)" in message
+    found = re.search(r"last grad norm ([0-9.e+-]+), log-std range \[([0-9.e+-]+), ([0-9.e+-]+)\]", message)
+    assert found is not None, message
+    assert float(found[1]) == pytest.approx(grad_norm, rel=1e-3)
+    # Written with 3 significant digits; the first update moved the log-std off its initial 0
+    assert (float(found[2]), float(found[3])) == pytest.approx((low, high), rel=1e-2) and low != 0.0
 
 
 def test_resumed_run_keeps_the_rollback_budget_and_count(tmp_path: Any) -> None:

@@ -1,0 +1,78 @@
+"""
+Promises of :mod:`sb3_safe.common.updates`, the update-step logic that KLAdaptivePPO and SafeA2C share: the guarded
+step clips what it says it clips, advantage scaling keeps the advantages' order and scale, nothing is logged where no
+logging was asked for. Each test names its promise (the mutants it kills are in benchmarks/results/mutation.md).
+"""
+
+import pytest
+import torch as th
+from stable_baselines3.common.logger import configure
+
+from sb3_safe import SafeA2C
+from sb3_safe.common.updates import GuardedOptimizerStep, normalize_advantages
+
+
+@pytest.mark.parametrize("max_grad_norm", [1.0, None])
+def test_the_guarded_step_clips_the_gradient_to_max_grad_norm_and_only_then(max_grad_norm: float | None) -> None:
+    """
+    Promise: the guarded step clips the global L2 norm of the gradients to ``max_grad_norm`` (None: no clipping) and
+    returns the norm before clipping, as SB3's ``clip_grad_norm_`` step does.
+    """
+    weight = th.nn.Parameter(th.zeros(2))
+    optimizer = th.optim.SGD([weight], lr=1.0)
+    loss = (weight * th.tensor([6.0, 8.0])).sum()  # gradient (6, 8): norm 10
+    grad_norm = GuardedOptimizerStep()(optimizer, loss, [weight], max_grad_norm)
+    assert grad_norm is not None and float(grad_norm) == pytest.approx(10.0)
+    # SGD at lr 1 moves by the (clipped) gradient
+    expected = th.tensor([-0.6, -0.8]) if max_grad_norm is not None else th.tensor([-6.0, -8.0])
+    assert th.allclose(weight.detach(), expected)
+
+
+@pytest.mark.parametrize(
+    "advantages",
+    [
+        [1.0, 2.0, 3.0, 10.0],  # mean far from 0
+        [-300.0, 100.0],  # two samples, std far from 1
+        [1e-6, 3e-6, 2e-6],  # std (1e-6) of the scale of epsilon (1e-8) x 100
+        [0.0, 1e-8],  # std (7e-9) below epsilon (1e-8)
+    ],
+)
+def test_normalized_advantages_have_zero_mean_unit_scale_and_keep_their_order(advantages: list[float]) -> None:
+    """
+    Promise: ``normalize_advantages`` centers a minibatch's advantages and divides them by their standard deviation
+    plus a small epsilon: zero mean, unit standard deviation (less where the deviation is below epsilon's scale, never
+    more), the order of the advantages kept (a better action never becomes a worse one), finite.
+    """
+    values = th.tensor(advantages, dtype=th.float32)
+    normalized = normalize_advantages(values)
+    assert th.isfinite(normalized).all()
+    assert float(normalized.mean()) == pytest.approx(0.0, abs=1e-5)
+    std = float(normalized.std())
+    assert std <= 1.0 + 1e-5
+    if float(values.std()) > 1e-3:
+        assert std == pytest.approx(1.0, abs=1e-5)
+    assert th.equal(th.argsort(normalized), th.argsort(values))
+
+
+@pytest.mark.parametrize("advantages", [[3.5], [-1e30], [7.0, 7.0, 7.0]])
+def test_a_batch_of_one_is_returned_unchanged_and_zero_variance_gives_zeros(advantages: list[float]) -> None:
+    """
+    Promise: ``normalize_advantages`` is safe for a minibatch of one (returned unchanged, as SB3's PPO does: a
+    standard deviation of one sample is NaN) and for zero variance (the centered advantages, all zero).
+    """
+    values = th.tensor(advantages)
+    normalized = normalize_advantages(values)
+    expected = values if len(advantages) == 1 else th.zeros_like(values)
+    assert th.equal(normalized, expected)
+
+
+def test_no_log_interval_writes_nothing_when_learn_ends(tmp_path) -> None:
+    """
+    Promise: with ``log_interval=None`` (no logging asked for) learn() writes nothing, not even the statistics of the
+    last update that it writes when learn() ends otherwise (they stay readable in ``logger.name_to_value``).
+    """
+    model = SafeA2C("MlpPolicy", "Pendulum-v1", n_steps=8, seed=0, device="cpu", policy_kwargs=dict(net_arch=[8]))
+    model.set_logger(configure(str(tmp_path), ["csv"]))
+    model.learn(16, log_interval=None)
+    assert (tmp_path / "progress.csv").read_text() == ""
+    assert "train/skipped_updates" in model.logger.name_to_value
