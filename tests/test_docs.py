@@ -20,6 +20,7 @@ MODULES = (
     "sb3_safe.common.schedules",
     "sb3_safe.common.rollout_kl",
     "sb3_safe.common.updates",
+    "sb3_safe.common.value_norm",
 )
 #: what Sphinx writes between a parameter's name and type and its description: "name (type) \N{EN DASH} description"
 DASH = "\N{EN DASH}"

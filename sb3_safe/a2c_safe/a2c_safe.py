@@ -11,7 +11,6 @@ from stable_baselines3.common.buffers import RolloutBuffer
 from stable_baselines3.common.policies import ActorCriticPolicy, BasePolicy
 from stable_baselines3.common.sb2_compat.rmsprop_tf_like import RMSpropTFLike
 from stable_baselines3.common.type_aliases import GymEnv, MaybeCallback, Schedule
-from stable_baselines3.common.utils import explained_variance
 from torch.nn import functional as F
 
 from sb3_safe.a2c_safe.policies import CnnPolicy, MlpPolicy, MultiInputPolicy
@@ -23,6 +22,13 @@ from sb3_safe.common.updates import (
     normalize_advantages,
     read_from_zero_past_the_end,
     write_last_update_statistics,
+)
+from sb3_safe.common.value_norm import (
+    explained_variance_float64,
+    install_value_normalization,
+    normalized_values,
+    record_value_statistics,
+    value_head,
 )
 
 SelfSafeA2C = TypeVar("SelfSafeA2C", bound="SafeA2C")
@@ -47,6 +53,8 @@ class SafeA2C(A2C):
     - Advantage normalization is safe for a batch of one and for zero variance.
     - ``value_loss="huber"`` keeps the value loss finite, and its gradient bounded, for returns far beyond the
       ~2e19 at which the default MSE (SB3's) overflows float32 (such steps are then skipped).
+    - ``normalize_value=True`` regresses the critic on normalized returns (PopArt): the value loss no longer grows
+      with the reward scale.
     - ``train/logit_max`` (largest |raw logit| of the update, before the bound) for discrete actions, or
       ``train/log_std_min`` / ``train/log_std_max`` (of the log-std in use) for Box actions.
 
@@ -74,6 +82,10 @@ class SafeA2C(A2C):
     :param adaptive_lr: :class:`~sb3_safe.KLAdaptiveLRCallback`'s keyword arguments (``{}`` for its defaults):
         every ``learn()`` then adapts the learning rate to the rollout KL with it; saved with the model. None: the
         configured learning rate
+    :param normalize_value: regress the critic on returns normalized by their running mean and std, its last layer
+        rescaled when they change so its values in reward units stay the same (PopArt,
+        :mod:`sb3_safe.common.value_norm`): the value loss (then logged in normalized units) no longer grows with the
+        reward scale. The statistics are saved with the model
     :param use_sde: Whether to use generalized State Dependent Exploration (gSDE)
         instead of action noise exploration (default: False)
     :param sde_sample_freq: Sample a new noise matrix every n steps when using gSDE
@@ -118,6 +130,7 @@ class SafeA2C(A2C):
         use_rms_prop_tf_like: bool = False,
         value_loss: Literal["mse", "huber"] = "mse",
         adaptive_lr: dict[str, Any] | None = None,
+        normalize_value: bool = False,
         use_sde: bool = False,
         sde_sample_freq: int = -1,
         rollout_buffer_class: type[RolloutBuffer] | None = None,
@@ -147,6 +160,7 @@ class SafeA2C(A2C):
         self.use_rms_prop_tf_like = use_rms_prop_tf_like
         self.value_loss = value_loss
         self.adaptive_lr = check_adaptive_lr(adaptive_lr)
+        self.normalize_value = bool(normalize_value)
         # Created before A2C's constructor and saved with the model, so the skip count survives save/load
         self.guarded_step = GuardedOptimizerStep()
         super().__init__(
@@ -205,6 +219,11 @@ class SafeA2C(A2C):
         custom_objects = continue_stock_checkpoint(path, cls.policy_aliases, ("value_loss",), custom_objects)
         return super().load(path, env, device, custom_objects, print_system_info, force_reset, **kwargs)
 
+    def _setup_model(self) -> None:
+        super()._setup_model()
+        if self.normalize_value:
+            install_value_normalization(self.policy)
+
     def _excluded_save_params(self) -> list[str]:
         return [*super()._excluded_save_params(), ADAPTIVE_LR_CALLBACK]
 
@@ -228,6 +247,9 @@ class SafeA2C(A2C):
         self.policy.set_training_mode(True)
         self._update_learning_rate(self.policy.optimizer)
 
+        head = value_head(self.policy)
+        if head is not None:
+            head.update(self.rollout_buffer.returns)
         # A2C takes one step on the whole rollout
         rollout_data = next(self.rollout_buffer.get(batch_size=None))
         actions = rollout_data.actions
@@ -238,27 +260,26 @@ class SafeA2C(A2C):
         raw_outputs: list[th.Tensor] = []
         hook = self.policy.action_net.register_forward_hook(lambda _net, _input, output: raw_outputs.append(output.detach()))
         try:
-            values, log_prob, entropy = self.policy.evaluate_actions(rollout_data.observations, actions)
+            with normalized_values(self.policy):
+                values, log_prob, entropy = self.policy.evaluate_actions(rollout_data.observations, actions)
         finally:
             hook.remove()
         values = values.flatten()
+        returns = rollout_data.returns if head is None else head.normalize(rollout_data.returns)
 
-        advantages = rollout_data.advantages
+        advantages = rollout_data.advantages if head is None else head.scale_advantages(rollout_data.advantages)
         if self.normalize_advantage:
             advantages = normalize_advantages(advantages)
 
         policy_loss = -(advantages * log_prob).mean()
-        if self.value_loss == "huber":
-            value_loss = F.smooth_l1_loss(values, rollout_data.returns)
-        else:
-            value_loss = F.mse_loss(values, rollout_data.returns)
+        value_loss = F.smooth_l1_loss(values, returns) if self.value_loss == "huber" else F.mse_loss(values, returns)
         # Without an analytical entropy, -log_prob estimates it
         entropy_loss = -th.mean(-log_prob) if entropy is None else -th.mean(entropy)
         loss = policy_loss + self.ent_coef * entropy_loss + self.vf_coef * value_loss
 
         self.guarded_step(self.policy.optimizer, loss, self.policy.parameters(), self.max_grad_norm)
 
-        explained_var = explained_variance(self.rollout_buffer.values.flatten(), self.rollout_buffer.returns.flatten())
+        explained_var = explained_variance_float64(self.rollout_buffer.values, self.rollout_buffer.returns)
 
         self._n_updates += 1
         self.logger.record("train/n_updates", self._n_updates, exclude="tensorboard")
@@ -267,6 +288,8 @@ class SafeA2C(A2C):
         self.logger.record("train/policy_loss", policy_loss.item())
         self.logger.record("train/value_loss", value_loss.item())
         self.logger.record("train/skipped_updates", self.skipped_updates)
+        if head is not None:
+            record_value_statistics(self, head)
         if isinstance(self.action_space, spaces.Box):
             self._record_log_std()
         else:

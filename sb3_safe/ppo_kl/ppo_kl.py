@@ -11,7 +11,6 @@ from stable_baselines3 import PPO
 from stable_baselines3.common.buffers import DictRolloutBuffer, RolloutBuffer
 from stable_baselines3.common.policies import ActorCriticPolicy, BasePolicy
 from stable_baselines3.common.type_aliases import GymEnv, MaybeCallback, Schedule
-from stable_baselines3.common.utils import explained_variance
 from torch.nn import functional as F
 
 from sb3_safe.common.adaptive_lr import ADAPTIVE_LR_CALLBACK, check_adaptive_lr, with_adaptive_lr
@@ -24,6 +23,13 @@ from sb3_safe.common.updates import (
     normalize_advantages,
     read_from_zero_past_the_end,
     write_last_update_statistics,
+)
+from sb3_safe.common.value_norm import (
+    explained_variance_float64,
+    install_value_normalization,
+    normalized_values,
+    record_value_statistics,
+    value_head,
 )
 
 SelfKLAdaptivePPO = TypeVar("SelfKLAdaptivePPO", bound="KLAdaptivePPO")
@@ -111,6 +117,10 @@ class KLAdaptivePPO(PPO):
     :param adaptive_lr: :class:`~sb3_safe.KLAdaptiveLRCallback`'s keyword arguments (``{}`` for its defaults):
         every ``learn()`` then adapts the learning rate to the rollout KL with it; saved with the model. None: the
         configured learning rate
+    :param normalize_value: regress the critic on returns normalized by their running mean and std, its last layer
+        rescaled when they change so its values in reward units stay the same (PopArt,
+        :mod:`sb3_safe.common.value_norm`): the value loss (then logged in normalized units) no longer grows with the
+        reward scale. The statistics are saved with the model; ``clip_range_vf`` then acts in normalized units
     :param stats_window_size: as in PPO: the number of episodes the logged rollout statistics average over
     :param tensorboard_log: as in PPO: the TensorBoard log folder (None: no TensorBoard log)
     :param policy_kwargs: as in PPO: keyword arguments of the policy, the safe policies' ``log_std_range``,
@@ -157,6 +167,7 @@ class KLAdaptivePPO(PPO):
         kl_adapt_tolerance: float = 1.5,
         kl_adapt_factor: float = 2.0,
         adaptive_lr: dict[str, Any] | None = None,
+        normalize_value: bool = False,
         stats_window_size: int = 100,
         tensorboard_log: str | None = None,
         policy_kwargs: dict[str, Any] | None = None,
@@ -215,6 +226,7 @@ class KLAdaptivePPO(PPO):
         self.kl_adapt_tolerance = float(kl_adapt_tolerance)
         self.kl_adapt_factor = float(kl_adapt_factor)
         self.adaptive_lr = check_adaptive_lr(adaptive_lr)
+        self.normalize_value = bool(normalize_value)
         #: the KL penalty coefficient beta, adapted after each update phase (saved with the model)
         self.kl_beta = float(initial_kl_beta)
         # Created here, not in _setup_model, so that load() restores its counters
@@ -268,6 +280,8 @@ class KLAdaptivePPO(PPO):
             )
         super()._setup_model()
         self.rollout_buffer.attach_policy(self.policy)
+        if self.normalize_value:
+            install_value_normalization(self.policy)
 
     def _excluded_save_params(self) -> list[str]:
         excluded = super()._excluded_save_params()
@@ -329,6 +343,10 @@ class KLAdaptivePPO(PPO):
         """Update policy and value function on the rollout buffer, then adapt the KL coefficient."""
         self.policy.set_training_mode(True)
         self._update_learning_rate(self.policy.optimizer)
+        head = value_head(self.policy)
+        if head is not None:
+            # Once per update, on the whole rollout: every minibatch regresses on the same scale
+            head.update(self.rollout_buffer.returns)
         clip_range = self.clip_range(self._current_progress_remaining)  # type: ignore[operator]
         clip_range_vf = None if self.clip_range_vf is None else self.clip_range_vf(self._current_progress_remaining)  # type: ignore[operator]
         # One row of statistics per minibatch, kept as tensors: one host sync per update phase, not seven per minibatch
@@ -339,11 +357,16 @@ class KLAdaptivePPO(PPO):
         for epoch in range(self.n_epochs):
             last_epoch_start = len(minibatch_stats)
             for rollout_data in self.rollout_buffer.get(self.batch_size):
-                values, log_prob, entropy = self.policy.evaluate_actions(
-                    rollout_data.observations, self._actions(rollout_data)
-                )
+                with normalized_values(self.policy):
+                    values, log_prob, entropy = self.policy.evaluate_actions(
+                        rollout_data.observations, self._actions(rollout_data)
+                    )
                 values = values.flatten()
+                returns, old_values = rollout_data.returns, rollout_data.old_values
                 advantages = rollout_data.advantages
+                if head is not None:
+                    returns, old_values = head.normalize(returns), head.normalize(old_values)
+                    advantages = head.scale_advantages(advantages)
                 if self.normalize_advantage:
                     advantages = normalize_advantages(advantages)
 
@@ -358,10 +381,8 @@ class KLAdaptivePPO(PPO):
                 policy_loss = -surrogate.mean()
                 kl_penalty = self.kl_beta * mean_kl
                 if clip_range_vf is not None:
-                    values = rollout_data.old_values + th.clamp(
-                        values - rollout_data.old_values, -clip_range_vf, clip_range_vf
-                    )
-                value_loss = F.mse_loss(rollout_data.returns, values)
+                    values = old_values + th.clamp(values - old_values, -clip_range_vf, clip_range_vf)
+                value_loss = F.mse_loss(returns, values)
                 # No entropy (gSDE with squashing): -log_prob estimates it, as in SB3
                 entropy_loss = -th.mean(entropy) if entropy is not None else th.mean(log_prob)
                 loss = policy_loss + kl_penalty + self.ent_coef * entropy_loss + self.vf_coef * value_loss
@@ -397,7 +418,7 @@ class KLAdaptivePPO(PPO):
             self.kl_beta_bounds,
         )
 
-        explained_var = explained_variance(self.rollout_buffer.values.flatten(), self.rollout_buffer.returns.flatten())
+        explained_var = explained_variance_float64(self.rollout_buffer.values, self.rollout_buffer.returns)
         stats = th.stack(minibatch_stats).cpu().numpy()
         pg_loss, kl_penalty_mean, value_loss_mean, entropy_loss_mean, _, clip_fraction_mean, clamped_mean = stats.mean(0)
         self.logger.record("train/entropy_loss", float(entropy_loss_mean))
@@ -418,6 +439,8 @@ class KLAdaptivePPO(PPO):
         self.logger.record("train/clip_range", clip_range)
         if clip_range_vf is not None:
             self.logger.record("train/clip_range_vf", clip_range_vf)
+        if head is not None:
+            record_value_statistics(self, head)
 
     def learn(
         self: SelfKLAdaptivePPO,

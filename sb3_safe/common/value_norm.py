@@ -1,0 +1,207 @@
+"""
+Value-target normalization with preserved outputs (PopArt, van Hasselt et al. 2016, "Learning values across many
+orders of magnitude"): the critic regresses returns scaled to zero mean and unit variance, so that the value loss,
+and its share of the clipped gradient, no longer depends on the reward scale.
+
+:class:`PopArtValueHead` takes the place of the policy's ``value_net`` (the last layer of the critic). It keeps the
+running mean and variance of every return it was trained on (float64 buffers of the policy: saved with the model,
+copied by the guard's snapshots and by the adaptive learning rate's undo record), and its output is the value in
+reward units, so that everything SB3 computes from values (the values stored in the rollout buffer, the bootstrap
+of truncated episodes, the last values of GAE) needs no change. ``train()`` reads the normalized output instead
+(:func:`normalized_values`) and regresses it on the normalized returns (:meth:`PopArtValueHead.normalize`); the
+advantages are divided by the same standard deviation (:meth:`PopArtValueHead.scale_advantages`), so that the policy
+gradient of an algorithm that does not normalize them (A2C) is scale-free as well.
+
+When the statistics change, the layer's weight and bias are rescaled so that the values in reward units stay what
+they were (the paper's "preserving outputs precisely"), except at the first update: the untrained layer's output
+carries no value, and is read in normalized units from then on (an estimate of the mean return).
+"""
+
+import contextlib
+from collections.abc import Iterator
+
+import numpy as np
+import torch as th
+from stable_baselines3.common.base_class import BaseAlgorithm
+from stable_baselines3.common.policies import ActorCriticPolicy
+from stable_baselines3.common.utils import explained_variance
+from torch import nn
+from torch.nn import functional as F
+
+#: The least standard deviation the returns are scaled by: returns that are all equal scale to zero, not to inf
+MIN_STD = 1e-8
+
+
+class PopArtValueHead(nn.Module):
+    """
+    The critic's last linear layer, its outputs in normalized units, de-normalized with running statistics of the
+    returns (PopArt).
+
+    The weight and bias are the replaced layer's own parameters (the same tensors: the policy's optimizer keeps
+    them); the statistics are float64 buffers ``return_mean``, ``return_var`` and ``return_count``, the exact mean
+    and (population) variance of every return given to :meth:`update`. Since each return is among the statistics,
+    its normalized value is at most ``sqrt(return_count)`` in magnitude (Samuelson's inequality), so the regression
+    target is finite for any finite return.
+
+    :param linear: the layer it replaces (``policy.value_net``)
+    """
+
+    return_mean: th.Tensor
+    return_var: th.Tensor
+    return_count: th.Tensor
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.weight = linear.weight
+        self.bias = linear.bias
+        device = linear.weight.device
+        # Before the first update: mean 0, std 1, the layer's output unchanged
+        self.register_buffer("return_mean", th.zeros(linear.out_features, dtype=th.float64, device=device))
+        self.register_buffer("return_var", th.ones(linear.out_features, dtype=th.float64, device=device))
+        self.register_buffer("return_count", th.zeros((), dtype=th.float64, device=device))
+        #: whether :meth:`forward` returns normalized values (inside :func:`normalized_values`) or values in reward units
+        self.normalized_output = False
+
+    @property
+    def return_std(self) -> th.Tensor:
+        """The standard deviation the returns are scaled by (float64), at least :data:`MIN_STD`."""
+        return self.return_var.clamp(min=0.0).sqrt().clamp(min=MIN_STD)
+
+    def forward(self, latent: th.Tensor) -> th.Tensor:
+        """
+        :param latent: the critic's latent features
+        :return: the values in reward units, or normalized inside :func:`normalized_values`
+        """
+        normalized = F.linear(latent, self.weight, self.bias)
+        if self.normalized_output:
+            return normalized
+        # In float64: the statistics of returns near float32's range must not round or overflow on the way
+        return (normalized.double() * self.return_std + self.return_mean).to(normalized.dtype)
+
+    def normalize(self, values: th.Tensor) -> th.Tensor:
+        """
+        Values or returns in reward units, in the units of the normalized output (computed in float64).
+
+        :param values: values or returns in reward units
+        :return: the normalized values, in the dtype of ``values``
+        """
+        return ((values.double() - self.return_mean) / self.return_std).to(values.dtype)
+
+    def scale_advantages(self, advantages: th.Tensor) -> th.Tensor:
+        """
+        Advantages in reward units divided by the returns' standard deviation (computed in float64), as in
+        multi-task PopArt (Hessel et al. 2019): the policy gradient is then scale-free too, where advantages are not
+        normalized per batch (A2C's default); not centered, so A2C's gradient keeps its direction.
+
+        :param advantages: advantages in reward units
+        :return: the scaled advantages, in the dtype of ``advantages``
+        """
+        return (advantages.double() / self.return_std).to(advantages.dtype)
+
+    @th.no_grad()
+    def update(self, returns: th.Tensor | np.ndarray) -> None:
+        """
+        Add a rollout's returns to the statistics and rescale the layer so that its values in reward units stay the
+        same (from the second update on). A batch with a non-finite return leaves everything unchanged: the loss it
+        gives is not finite, and its step is skipped, but the statistics of the other returns stay usable.
+
+        Updated in place: snapshots (the guard's, the adaptive learning rate's) copy and restore these very tensors.
+
+        :param returns: the returns of the rollout (the value targets), any shape
+        """
+        batch = th.as_tensor(returns, device=self.return_mean.device).reshape(-1, self.out_features).double()
+        if batch.numel() == 0 or not bool(th.isfinite(batch).all()):
+            return
+        count = self.return_count
+        n = float(batch.shape[0])
+        total = count + n
+        batch_mean = batch.mean(dim=0)
+        # Chan et al.'s parallel update of the mean and the sum of squared deviations
+        delta = batch_mean - self.return_mean
+        squares = self.return_var * count + batch.var(dim=0, correction=0) * n + delta.square() * count * n / total
+        old_mean, old_std = self.return_mean.clone(), self.return_std
+        self.return_mean.add_(delta * n / total)
+        self.return_var.copy_(squares / total)
+        if count > 0:
+            new_std = self.return_std
+            # sigma' (W' h + b') + mu' = sigma (W h + b) + mu
+            self.weight.copy_(self.weight.double() * (old_std / new_std)[:, None])
+            if self.bias is not None:
+                self.bias.copy_((self.bias.double() * old_std + old_mean - self.return_mean) / new_std)
+        self.return_count.add_(n)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+def install_value_normalization(policy: ActorCriticPolicy) -> PopArtValueHead:
+    """
+    Put a :class:`PopArtValueHead` in place of ``policy.value_net`` (a linear layer), keeping its parameters (and so
+    the optimizer's hold on them, the parameters' order and their names in the state dict). Idempotent.
+
+    :param policy: an actor-critic policy whose ``value_net`` is an ``nn.Linear``
+    :return: the head
+    """
+    value_net = policy.value_net
+    if isinstance(value_net, PopArtValueHead):
+        return value_net
+    if not isinstance(value_net, nn.Linear):
+        raise ValueError(
+            f"normalize_value=True needs the policy's value_net to be an nn.Linear (SB3's actor-critic policies), got "
+            f"{type(value_net).__name__}"
+        )
+    head = PopArtValueHead(value_net)
+    # The policy's annotation says nn.Linear; the head is a module in its place with the same parameters
+    policy.value_net = head  # type: ignore[assignment]
+    return head
+
+
+def value_head(policy: nn.Module) -> PopArtValueHead | None:
+    """
+    :param policy: a policy
+    :return: its :class:`PopArtValueHead`, or None without value normalization
+    """
+    head = getattr(policy, "value_net", None)
+    return head if isinstance(head, PopArtValueHead) else None
+
+
+@contextlib.contextmanager
+def normalized_values(policy: nn.Module) -> Iterator[None]:
+    """
+    Inside, the policy's values (``evaluate_actions``, ``predict_values``, ``forward``) are normalized, as the loss
+    needs them; nothing changes for a policy without :class:`PopArtValueHead`.
+
+    :param policy: a policy
+    """
+    head = value_head(policy)
+    if head is None:
+        yield
+        return
+    head.normalized_output = True
+    try:
+        yield
+    finally:
+        head.normalized_output = False
+
+
+def record_value_statistics(model: BaseAlgorithm, head: PopArtValueHead) -> None:
+    """
+    Log the statistics the returns are normalized with: ``train/return_mean`` and ``train/return_std``.
+
+    :param model: the algorithm
+    :param head: its policy's value head
+    """
+    model.logger.record("train/return_mean", head.return_mean.mean().item())
+    model.logger.record("train/return_std", head.return_std.mean().item())
+
+
+def explained_variance_float64(values: np.ndarray, returns: np.ndarray) -> float:
+    """
+    SB3's ``explained_variance`` of the rollout's values for its returns, computed in float64: the variance of
+    float32 returns beyond ~1e19 overflows float32 (a NaN in the log).
+
+    :param values: the rollout buffer's values
+    :param returns: the rollout buffer's returns
+    """
+    return float(explained_variance(values.astype(np.float64).flatten(), returns.astype(np.float64).flatten()))
