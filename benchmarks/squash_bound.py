@@ -88,7 +88,8 @@ def main() -> None:
         "Reading: the log-std score is biased once the std is within ~10 float32 steps of u at the bound; the smaller "
         "the bound, the finer the steps. sb3-safe clips at 3 (`PRESQUASH_BOUND`): exact down to the smallest std in "
         "this table, while tanh(3) = 0.995 keeps nearly all of tanh's range (actions are divided by tanh(3), so the "
-        "limit actions are exactly the Box bounds).",
+        "limit actions are exactly the Box bounds). Past the table the step keeps growing (0.13 in u at a bound of 8, by "
+        "the same measure), and float32 tanh rounds onto 1 from u ~ 8.5, where a stored action no longer tells u apart.",
     ]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
