@@ -4,7 +4,7 @@ coefficient around rl-zoo's tuned settings), stock SB3 vs sb3-safe in the same r
 
 Usage::
 
-    python -m benchmarks run overhead|learning|stress|robustness|adaptive_lr|critic|faults|mutation|all
+    python -m benchmarks run overhead|learning|stress|robustness|adaptive_lr|critic|faults|mutation|reward_scale|all
         [--quick | --size tiny|quick|full] [--jobs N] [--out DIR] [--modules MODULE ...]
     python -m benchmarks report overhead|learning|...|mutation|all [--out DIR]  # from JSONL
 
@@ -26,7 +26,19 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-from benchmarks import adaptive_lr, critic, faults, learning, mutation, overhead, reports, robustness, stress, suite
+from benchmarks import (
+    adaptive_lr,
+    critic,
+    faults,
+    learning,
+    mutation,
+    overhead,
+    reports,
+    reward_scale,
+    robustness,
+    stress,
+    suite,
+)
 
 SUITES: dict[str, ModuleType] = {
     "overhead": overhead,
@@ -37,6 +49,7 @@ SUITES: dict[str, ModuleType] = {
     "critic": critic,
     "faults": faults,
     "mutation": mutation,
+    "reward_scale": reward_scale,
 }
 
 

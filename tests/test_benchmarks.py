@@ -173,3 +173,21 @@ def test_suite_rows_name_their_jobs_for_a_resumed_run(suite: str, tiny_run: Call
     keys = [module.job_key(job) for job in module.jobs("tiny")]
     assert len(set(keys)) == len(keys)
     assert sorted(map(module.row_key, run_rows(tiny_run(suite), suite))) == sorted(keys)
+
+
+def test_reward_scale_map_runs_resumes_and_reports(tmp_path: Path) -> None:
+    """The reward-scale map at the tiny budget: one row per job (keyed for a resumed run), a rerun runs nothing, the
+    report has its tables and heatmap."""
+    from benchmarks import reward_scale
+
+    command = ["run", "reward_scale", "--size", "tiny", "--jobs", "1", "--out", str(tmp_path)]
+    main(command)
+    rows = run_rows(tmp_path, "reward_scale")
+    assert sorted(map(reward_scale.row_key, rows)) == sorted(map(reward_scale.job_key, reward_scale.jobs("tiny")))
+    assert all(COMMON_KEYS | {"family", "scale", "stack", "guard_stalls", "skipped_updates"} <= row.keys() for row in rows)
+    assert {row["variant"] for row in rows} == {label for label, *_ in reward_scale.SETTINGS["A2C"]}
+    main(command)
+    assert len(run_rows(tmp_path, "reward_scale")) == len(rows)
+    report = (tmp_path / "reward_scale.md").read_text()
+    assert "| variant | x1e+30 |" in report and "| variant | crashes | stall events | skipped steps | rollbacks |" in report
+    assert (tmp_path / "reward_scale.png").exists()
