@@ -7,6 +7,7 @@ import sys
 import zipfile
 from pathlib import Path
 
+import gymnasium as gym
 import pytest
 import torch as th
 from sb3_contrib import MaskablePPO, RecurrentPPO
@@ -209,3 +210,22 @@ def test_maskable_and_recurrent_models(tmp_path: Path) -> None:
     recurrent.save(tmp_path / "recurrent_above.zip")
     (beyond,) = diagnose(tmp_path / "recurrent_above.zip").beyond_limits
     assert beyond.name == "policy.log_std" and beyond.limit == 1.0
+
+
+def test_value_normalization_statistics_are_not_weights(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """normalize_value's statistics of returns in the millions (a count, a mean) are no weight beyond the limit."""
+    env = gym.wrappers.TransformReward(gym.make("CartPole-v1"), lambda reward: reward * 1e6)
+    model = KLAdaptivePPO("MlpPolicy", env, n_steps=128, batch_size=64, n_epochs=1, normalize_value=True, seed=0)
+    model.learn(256)
+    statistics = {name: buffer for name, buffer in model.policy.named_buffers() if name.startswith("value_net.return_")}
+    assert max(buffer.abs().max().item() for buffer in statistics.values()) > WEIGHT_LIMIT  # as the test needs
+    model.save(tmp_path / "scaled.zip")
+    report = diagnose(tmp_path / "scaled.zip")
+    assert report.beyond_limits == []
+    assert not any(name.rpartition(".")[2] in statistics for name, _ in report.largest)
+    assert main(["doctor", str(tmp_path / "scaled.zip")]) == EXIT_HEALTHY
+    # A non-finite statistic is still named
+    model.policy.value_net.return_var.fill_(float("nan"))
+    model.save(tmp_path / "broken.zip")
+    assert main(["doctor", str(tmp_path / "broken.zip")]) == EXIT_UNHEALTHY
+    assert "value_net.return_var" in capsys.readouterr().out

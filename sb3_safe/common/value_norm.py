@@ -30,6 +30,8 @@ from torch.nn import functional as F
 
 #: The least standard deviation the returns are scaled by: returns that are all equal scale to zero, not to inf
 MIN_STD = 1e-8
+#: The names of the head's statistics buffers: statistics of the returns in reward units, not weights
+STATISTICS = ("return_mean", "return_var", "return_count")
 
 
 class PopArtValueHead(nn.Module):

@@ -11,6 +11,7 @@ from typing import Any
 import torch as th
 
 from sb3_safe.common.numerics import find_nonfinite
+from sb3_safe.common.value_norm import STATISTICS
 from sb3_safe.doctor.archive import UnreadableModelError
 from sb3_safe.doctor.report import WEIGHT_LIMIT, BeyondLimit, DoctorReport
 from sb3_safe.doctor.scan import printable
@@ -194,7 +195,8 @@ def check_tensors(
     policy = [
         (printable(f"policy.{key}"), tensor)
         for key, tensor in params.get("policy", {}).items()
-        if _is_dense_float(tensor) and tensor.numel() > 0
+        # normalize_value's running statistics of the returns are in reward units (a count, a mean of 1e6): not weights
+        if _is_dense_float(tensor) and tensor.numel() > 0 and key.rpartition(".")[2] not in STATISTICS
     ]
     log_stds = [tensor for name, tensor in policy if name.endswith("log_std")]
     report.has_log_std = bool(log_stds)
