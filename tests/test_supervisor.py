@@ -16,6 +16,7 @@ from stable_baselines3 import A2C, PPO
 from stable_baselines3.common.base_class import BaseAlgorithm
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.env_util import make_vec_env
+from stable_baselines3.common.utils import LinearSchedule
 
 from sb3_safe import (
     KLAdaptiveLRCallback,
@@ -262,6 +263,33 @@ def test_no_update_runs_at_a_negative_learning_rate_or_clip_range(algo: str) -> 
     assert [str(w.message).split()[0] for w in named] == sorted(expected[algo], reverse=True)
 
 
+def test_a_schedule_that_ends_at_zero_is_not_named_past_the_end() -> None:
+    """
+    Promise: only a schedule that would turn negative past the end of the budget is named; one that reaches 0 and
+    stays there (SB3's LinearSchedule to 0 before the end) is as right at progress < 0 as at 0: no warning.
+    """
+    model = PPO("MlpPolicy", "CartPole-v1", n_steps=32, batch_size=32, learning_rate=LinearSchedule(1e-3, 0.0, 0.5), seed=0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model.learn(32 * 4 - 5, callback=NonFiniteGuardCallback())  # the 4th rollout ends 5 steps past the budget
+    assert model.num_timesteps == 128
+    assert [str(w.message) for w in caught if "past the budget" in str(w.message)] == []
+
+
+def test_the_schedules_read_from_zero_are_given_back_when_learn_ends() -> None:
+    """
+    Promise: the stand-ins that read a model's schedules at 0 past the end last only for the update that needs them:
+    when learn() ends the model holds its own schedule objects again (what save() stores and a later learn() reads).
+    """
+    model = PPO("MlpPolicy", "CartPole-v1", n_steps=32, batch_size=32, learning_rate=linear_schedule(1e-3),
+                clip_range=linear_schedule(0.2), seed=0)  # fmt: skip
+    own = {name: getattr(model, name) for name in ("lr_schedule", "clip_range")}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the warning that names them is the test above's
+        model.learn(32 * 4 - 5, callback=NonFiniteGuardCallback())
+    assert {name: getattr(model, name) for name in own} == own
+
+
 # ----- item 11: a run where nothing learns -----
 
 
@@ -306,6 +334,7 @@ def test_rewards_times_1e30_stall_is_reported_once_within_10_updates_naming_the_
     # The 10th update's stall ends training at the first step of the next rollout
     assert model.num_timesteps <= rollout * 10 + model.n_envs
     assert "Training stalled" in message and "largest |return|" in message and "VecNormalize(norm_reward=True)" in message
+    assert "normalize_value=True" in message
     assert ("skipped" in message) or ("train/value_loss" in message)
     guard_warnings = [w for w in caught if issubclass(w.category, NonFiniteGuardWarning)]
     assert len(guard_warnings) == (0 if mode == "raise" else 1)  # one message per fault
