@@ -155,6 +155,37 @@ EQUIVALENT: dict[str, str] = {
         "the default `lr_scale` is never read: its one reader is a rollback, whose store is restorable, and capture()"
         " sets it on every restorable snapshot before commit(); a non-restorable one (raise mode) is never restored"
     ),
+    "sb3_safe/common/supervisor.py:core/RemoveDecorator:0@5c2aeac99324": (
+        "`Guard` is a typing Protocol (not runtime-checkable, never in isinstance): its `stopping` member is read only on"
+        " the guards, whose own `stopping` is a property; the Protocol's body never runs"
+    ),
+    "sb3_safe/doctor/pickles.py:core/NumberReplacer:22@9c160def3685": (
+        "`name.split('/', 2)[0]` is `name.split('/', 1)[0]` for every string: the first part ends at the first '/'"
+        " whatever the number of splits"
+    ),
+    "sb3_safe/common/guard/response.py:core/NumberReplacer:14@6d17786cfdd2": (
+        "the episode count of the RolloutReturn that ends an off-policy learn() is never read: SB3's"
+        " OffPolicyAlgorithm.learn breaks on `continue_training=False` before it reads the counts"
+    ),
+    "sb3_safe/common/distributions.py:core/ReplaceComparisonOperator_GtE_Gt:2@283c5f01c4f6": (
+        "changes only a variance of exactly exp(-2 LOG_STD_LIMIT) (one float64 value, clamped to that same value"
+        " either way): there fresh noise replaces the exploration matrix's, both draws of the same Normal(mean,"
+        " bounded std); the distribution, its log-prob and entropy are unchanged"
+    ),
+    "sb3_safe/common/distributions.py:core/NumberReplacer:11@283c5f01c4f6": (
+        "Z_SCORE_LIMIT 1e15 moved by 1 (1e-15 relative): float32 clamps and comparisons round both to the same value"
+        " (999999986991104); float64 ones differ only for a z-score within 1 of 1e15, clamped 1e-15 relative lower,"
+        " far below any tolerance a promise states"
+    ),
+    "sb3_safe/common/distributions.py:core/ReplaceFalseWithTrue:3@283c5f01c4f6": (
+        "argument validation only: the logits are checked finite and bounded first, so every valid input gives the"
+        " same values; only an action outside a sub-space's support given to log_prob differs (a ValueError instead"
+        " of torch's indexing: an IndexError out of range, a fractional action truncated)"
+    ),
+    "sb3_safe/common/adaptive_lr.py:core/NumberReplacer:59@7e8b43fdf958": (
+        "the deque of recent windows built in __init__ is never used: _on_training_start replaces it (maxlen"
+        " raise_after) before any decision appends to it or reads it"
+    ),
 }
 
 #: One work copy, one mutant at a time (``--jobs`` above 1 is lowered to this)

@@ -22,7 +22,6 @@ from sb3_safe.common.adaptive_lr import (
     LOWEST_LEARNING_RATE,
     MEASURED_FIRST,
     MEASURED_SAMPLES,
-    ONE_STEP,
     PPO_STYLE,
     KLTargets,
     learning_rate_factor,
@@ -53,31 +52,44 @@ def test_step_meets_the_target_where_kl_grows_like_lr_squared() -> None:
     assert learning_rate_factor(1e3, 0.02, 2.0, 2.0) == 0.5
 
 
+#: The defaults of each kind as docs/guide/adaptive_lr.md's table gives them (written out: the constants' values are
+#: what is tested, not their names)
+GUIDE_PPO_STYLE = KLTargets(target_kl=0.015, undo_above=6.0, highest_learning_rate=1e-3, raise_after=2, keep_redo_rate=True)
+GUIDE_A2C_STYLE = KLTargets(target_kl=3e-3, undo_above=30.0, highest_learning_rate=1e-2, raise_after=1, keep_redo_rate=False)
+
+
 @pytest.mark.parametrize(
     "make, expected",
     [
-        (lambda: PPO("MlpPolicy", "CartPole-v1", n_steps=16, batch_size=16), PPO_STYLE),
-        (lambda: A2C("MlpPolicy", "CartPole-v1", n_steps=8), ONE_STEP),
-        (lambda: SafeA2C("MlpPolicy", "CartPole-v1", n_steps=8), ONE_STEP),
+        (lambda: PPO("MlpPolicy", "CartPole-v1", n_steps=16, batch_size=16), GUIDE_PPO_STYLE),
+        (lambda: A2C("MlpPolicy", "CartPole-v1", n_steps=8), GUIDE_A2C_STYLE),
+        (lambda: SafeA2C("MlpPolicy", "CartPole-v1", n_steps=8), GUIDE_A2C_STYLE),
         # KLAdaptivePPO's penalty and the learning rate aim at one target
         (
             lambda: KLAdaptivePPO("MlpPolicy", "CartPole-v1", n_steps=16, batch_size=16, adaptive_kl_target=0.02),
             KLTargets(
                 target_kl=0.02,
-                undo_above=PPO_STYLE.undo_above,
-                highest_learning_rate=PPO_STYLE.highest_learning_rate,
-                raise_after=PPO_STYLE.raise_after,
-                keep_redo_rate=PPO_STYLE.keep_redo_rate,
+                undo_above=GUIDE_PPO_STYLE.undo_above,
+                highest_learning_rate=GUIDE_PPO_STYLE.highest_learning_rate,
+                raise_after=GUIDE_PPO_STYLE.raise_after,
+                keep_redo_rate=GUIDE_PPO_STYLE.keep_redo_rate,
             ),
         ),
     ],
 )
 def test_defaults_follow_the_kind_of_algorithm_and_given_values_win(make: Any, expected: KLTargets) -> None:
+    """
+    Promise: a callback left at its defaults uses the values docs/guide/adaptive_lr.md's table gives for the kind of
+    algorithm (PPO-style: many minibatch steps per update; A2C-style: one); values given to it win.
+    """
     model = make()
     callback = KLAdaptiveLRCallback()
     model.learn(16, callback=callback)
     assert callback.targets == expected
     assert callback.bounds == (LOWEST_LEARNING_RATE, expected.highest_learning_rate)
+    # The guide's defaults of every kind
+    settings = (callback.tolerance, callback.max_step, callback.window_steps, callback.max_redos, callback.trust_region)
+    assert settings == (3.0, 2.0, 2048, 3, True)
     given = KLAdaptiveLRCallback(target_kl=0.5, undo_above=2.0, raise_after=3, lr_bounds=(1e-4, 0.1))
     make().learn(16, callback=given)
     assert given.targets == KLTargets(

@@ -24,6 +24,7 @@ from sb3_safe.common.distributions import (
     log_normal_cdf,
     min_action_probability,
 )
+from sb3_safe.common.distributions import squash as squash_actions
 
 HUGE = float(np.float32(1e30))
 EXTREMES = [0.0, 1e-30, 1.0, PRESQUASH_BOUND, 8.66, 9.0, 20.0, 1e4, 1e10, HUGE]
@@ -128,6 +129,22 @@ def test_gsde_finite_with_the_action_std_in_range(mean_values, log_std_values, l
     entropy = dist.entropy()
     (log_prob.sum() + entropy.sum()).backward()
     assert all_finite(actions, log_prob, entropy, mean.grad, log_std.grad)
+
+
+@pytest.mark.parametrize("squash", [True, False])
+def test_the_gsde_mode_is_the_deterministic_action(squash: bool) -> None:
+    """
+    Promise: the deterministic action of a gSDE policy (``mode()``) is the mean of its Gaussian, squashed by tanh into
+    the action bounds when the policy squashes its output (sb3-safe's squash, as the samples are), the mean itself when
+    it does not.
+    """
+    mean = th.tensor([[-3.0, 0.5], [2.0, -0.1]])
+    dist = BoundedStateDependentNoiseDistribution(2, squash_output=squash, full_std=True)
+    dist.latent_sde_dim = 3
+    log_std = th.zeros(3, 2)
+    dist.sample_weights(log_std, batch_size=2)
+    dist.proba_distribution(mean, log_std, th.ones(2, 3))
+    assert th.equal(dist.mode(), squash_actions(mean) if squash else mean)
 
 
 @settings(max_examples=100, deadline=None)

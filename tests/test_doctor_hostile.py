@@ -7,6 +7,7 @@ the global for code, exit 2 with one line for what cannot be read, bounded memor
 """
 
 import contextlib
+import io
 import json
 import os
 import pickle
@@ -316,6 +317,75 @@ def test_nested_torch_bytes_are_scanned(model_zip: Path, tmp_path: Path, capsys:
     _assert_never_created(canary)
     pickle.loads(outer)
     assert canary.exists()
+
+
+def _torch_bytes_4(obj: Any, legacy: bool = False) -> bytes:
+    """``th.save`` of ``obj`` at pickle protocol 4, whose bytes objects are literals (protocol 2 computes them)."""
+    buffer = io.BytesIO()
+    th.save(obj, buffer, _use_new_zipfile_serialization=not legacy, pickle_protocol=4)
+    return buffer.getvalue()
+
+
+def _nested_torch_files(levels: int, payload: Reduce, legacy: bool) -> bytes:
+    """A pickle that loads a torch file by torch.storage._load_from_bytes, which loads another, ``levels`` deep."""
+    nested: Any = payload
+    for _ in range(levels):
+        nested = Reduce(th.storage._load_from_bytes, _torch_bytes_4(nested, legacy=legacy))
+    return pickle.dumps(nested)
+
+
+@pytest.mark.parametrize("legacy", [False, True], ids=["zip", "legacy"])
+@pytest.mark.parametrize("levels", [4, 5])
+def test_torch_files_are_scanned_four_deep_and_deeper_nesting_is_named(
+    model_zip: Path, tmp_path: Path, capsys: pytest.CaptureFixture, levels: int, legacy: bool
+) -> None:
+    """
+    Promise: doctor scans torch files nested by _load_from_bytes down to 4 levels (names the code the deepest would
+    run, exit 1), and refuses a file nested deeper as unreadable (exit 2, naming the depth) instead of following it
+    without end.
+    """
+    canary = _watched(tmp_path / "canary")
+    outer = _nested_torch_files(levels, _payload("builtins.eval", canary), legacy)
+    path = rewrite_zip(model_zip, tmp_path / "nested.zip", data=lambda data: data | {"weights": serialized(outer)})
+    status, out, err = _doctor(path, capsys)
+    found = "would run code from builtins.eval" in out
+    too_deep = "torch files nested more than 4 deep" in out + err
+    expected = (EXIT_UNHEALTHY, True, False) if levels == 4 else (EXIT_UNREADABLE, False, True)
+    assert (status, found, too_deep) == expected, out + err
+    _assert_never_created(canary)
+
+
+def test_a_pth_entry_whose_nested_torch_file_runs_code_is_not_loaded(
+    model_zip: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """
+    Promise: a ``.pth`` entry is loaded for its tensors only when nothing in it would run code, nested torch files
+    included: one whose pickle loads a torch file that runs code is named and left unloaded.
+    """
+    canary = _watched(tmp_path / "canary")
+    with zipfile.ZipFile(model_zip) as archive:
+        state_dict = th.load(archive.open("policy.pth"), weights_only=True)
+    extra = Reduce(th.storage._load_from_bytes, _torch_bytes_4(_payload("builtins.eval", canary)))
+    policy = _torch_bytes_4(state_dict | {"x": extra})  # its own pickle clean: the bytes it loads are literal
+    path = rewrite_zip(model_zip, tmp_path / "nested.zip", replace={"policy.pth": policy})
+    status, out, _ = _doctor(path, capsys)
+    assert status == EXIT_UNHEALTHY and "would run code from builtins.eval" in out
+    assert "policy.pth: its pickle is not one SB3 writes, so its tensors are not loaded" in out
+    # The command it suggests disassembles the entry's own pickle (the nested file's name is no shell argument)
+    assert f"sb3-safe doctor --dis policy.pth {path} " in out
+    _assert_never_created(canary)
+
+
+def test_serialized_text_that_is_no_utf8_is_unreadable(model_zip: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """
+    Promise: an item whose ``:serialized:`` text cannot be encoded (a lone surrogate, which JSON can write) is named as
+    not base64, as any undecodable item is: doctor reports the file unreadable rather than failing.
+    """
+    item = {":type:": "<class 'object'>", ":serialized:": "gASV\ud800"}
+    path = rewrite_zip(model_zip, tmp_path / "surrogate.zip", data=lambda data: data | {"lr_schedule": item})
+    status, out, err = _doctor(path, capsys)
+    assert status == EXIT_UNREADABLE
+    assert "':serialized:' is not base64" in out + err
 
 
 def test_a_lambda_learning_rate_is_code_in_the_file(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

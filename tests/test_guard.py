@@ -299,6 +299,19 @@ def test_rollback_decay_holds_under_a_schedule_and_survives_save_load(tmp_path: 
     assert loaded.lr_schedule(0.5) == pytest.approx(0.25 * schedule(0.5))
 
 
+def test_max_rollbacks_zero_stops_at_the_first_fault() -> None:
+    """
+    Promise: ``max_rollbacks`` counts from 0 (>= 0 is accepted): rollback mode with none allowed stops at the first
+    fault, with the healthy model restored, as stop mode does.
+    """
+    model = small_ppo()
+    CorruptAfterOptimizerStep(model, model.policy.optimizer, {3}, first_weight_nan(model))
+    guard = NonFiniteGuardCallback(on_nonfinite="rollback", max_rollbacks=0)
+    model.learn(256, callback=guard)
+    assert guard.n_rollbacks == 0 and guard.events[0].action == "stop" and model.num_timesteps < 256
+    assert guard.stop_reason is not None and "max_rollbacks=0" in guard.stop_reason and all_finite(model)
+
+
 def test_rollback_gives_way_to_stop_after_max_rollbacks() -> None:
     model = small_ppo()
     CorruptAfterOptimizerStep(model, model.policy.optimizer, set(range(3, 100)), first_weight_nan(model))
@@ -440,6 +453,8 @@ def test_nan_observation_under_vecnormalize_stops_and_saves_healthy_statistics(t
     assert np.isfinite(env.obs_rms.mean).all() and np.isfinite(env.obs_rms.var).all()
     saved = VecNormalize.load(guard.vec_normalize_path, DummyVecEnv([lambda: FaultyEnv(continuous=True)]))
     assert np.array_equal(saved.obs_rms.var, env.obs_rms.var)
+    # Beside the model, named after it, as documented: <save_path without .zip>_vecnormalize.pkl
+    assert guard.vec_normalize_path == str(tmp_path / "model_vecnormalize.pkl")
 
 
 # ----- VecNormalize statistics -----
@@ -561,6 +576,35 @@ def test_rollback_restores_the_optimizer_hyperparameters_but_not_the_learning_ra
     assert guard.n_rollbacks == 1 and len(updates) == 3
     assert {key: optimizer.param_groups[0][key] for key in healthy} == healthy
     assert optimizer.param_groups[0]["lr"] == pytest.approx(0.5 * 3e-4)
+
+
+def test_a_restored_state_reports_no_gradient_norm_until_an_update_makes_one() -> None:
+    """
+    Promise: a restore drops the gradients of the failed step, as if no backward pass had run, so that a report never
+    gives a gradient norm that no update of the restored state produced: unknown until the next update (here the
+    state a rollback at the end of one learn() left, checked at the start of the next).
+    """
+    model = small_ppo()
+    train = model.train
+    updates = []
+
+    def failing_second_update() -> None:
+        train()
+        updates.append(model.num_timesteps)
+        if len(updates) == 2:
+            with th.no_grad():
+                model.policy.action_net.weight[0, 0] = math.nan
+
+    model.train = failing_second_update
+    guard = NonFiniteGuardCallback(on_nonfinite="rollback")
+    model.learn(64, callback=guard)
+    assert guard.n_rollbacks == 1 and all_finite(model)
+    model.train = train
+    CorruptAfterOptimizerStep(model, model.policy.optimizer, {1}, first_weight_nan(model))
+    with pytest.raises(NonFiniteError) as error:
+        model.learn(64, callback=NonFiniteGuardCallback(), reset_num_timesteps=False)
+    assert "Last healthy state (timestep 64)" in str(error.value)
+    assert "last grad norm unknown" in str(error.value)
 
 
 def test_an_error_names_the_gradient_norm_and_log_std_range_of_the_last_healthy_state() -> None:

@@ -25,6 +25,7 @@ from torch.distributions import Bernoulli, Categorical, Independent, kl_divergen
 
 from sb3_safe.common.distributions import (
     DEFAULT_LOGIT_BOUND,
+    LOG_STD_LIMIT,
     PRESQUASH_BOUND,
     BoundedDiagGaussianDistribution,
     BoundedStateDependentNoiseDistribution,
@@ -307,6 +308,80 @@ def test_clipped_gaussian_kl_gradient_is_exact() -> None:
     args = [(2.0 * th.randn(BATCH, ACTION_DIM, generator=generator, dtype=th.float64)).requires_grad_(True) for _ in range(4)]
     assert th.autograd.gradcheck(clipped_gaussian_kl, args)
     assert th.autograd.gradcheck(lambda *inputs: clipped_gaussian_kl(*inputs, reduction="batchmean"), args)
+
+
+GAUSSIAN_KLS = {"gaussian": gaussian_kl, "clipped": clipped_gaussian_kl}
+
+
+@pytest.mark.parametrize("alone", range(4), ids=["mean_p", "log_std_p", "mean_q", "log_std_q"])
+@pytest.mark.parametrize("name", list(GAUSSIAN_KLS))
+def test_a_kl_gradient_does_not_depend_on_which_arguments_require_one(name: str, alone: int) -> None:
+    """
+    Promise: gaussian_kl and clipped_gaussian_kl are differentiable in each of their four arguments: the gradient of
+    one of them (the new distribution's mean or log-std, as in a KL penalty, or the old one's) is the same when it
+    alone requires grad as when all four do, as autograd's is.
+    """
+    kl = GAUSSIAN_KLS[name]
+    generator = th.Generator().manual_seed(3)
+    values = [th.randn(BATCH, ACTION_DIM, generator=generator, dtype=th.float64) for _ in range(4)]
+    every = [value.clone().requires_grad_(True) for value in values]
+    expected = th.autograd.grad(kl(*every).sum(), every)[alone]
+    args = [value.clone().requires_grad_(i == alone) for i, value in enumerate(values)]
+    (got,) = th.autograd.grad(kl(*args).sum(), [args[alone]])
+    assert th.allclose(got, expected, rtol=1e-12, atol=0.0)
+
+
+# (mean_p, log_std_p, mean_q, log_std_q), and the arguments whose every clamp is active there
+EXPLODED = {
+    "gaussian: mean difference beyond the z-score limit": ("gaussian", (1e16, 0.0, 0.0, 0.0), {0, 2}),
+    "gaussian: log-std ratio beyond expm1's range": ("gaussian", (0.0, LOG_STD_LIMIT, 0.0, -LOG_STD_LIMIT), {1}),
+    "clipped: old log-std beyond its limit": ("clipped", (0.5, LOG_STD_LIMIT + 10.0, -0.3, 0.2), {1}),
+    "clipped: old clip points beyond the z-score limit": ("clipped", (0.5, -LOG_STD_LIMIT - 5.0, -0.3, 0.2), {1}),
+    "clipped: new log-std beyond its limit, delta beyond": ("clipped", (1.0, 0.0, 0.0, -LOG_STD_LIMIT - 5.0), {2, 3}),
+}
+
+
+@pytest.mark.parametrize("case", list(EXPLODED))
+def test_an_exploded_argument_gets_zero_gradient_from_the_kl(case: str) -> None:
+    """
+    Promise (the docstrings of gaussian_kl and clipped_gaussian_kl): where an argument only passes clamps that are
+    active (a mean difference or z-score beyond its limit, a log-std beyond +-LOG_STD_LIMIT, a log-std ratio beyond
+    expm1's float32 range), its gradient is 0, as autograd's through a clamp; every gradient stays finite, never a
+    huge or NaN one.
+    """
+    name, values, clamped = EXPLODED[case]
+    args = [th.tensor([value], dtype=th.float64, requires_grad=True) for value in values]
+    grads = th.autograd.grad(GAUSSIAN_KLS[name](*args).sum(), args)
+    assert all(th.isfinite(grad).all() for grad in grads), grads
+    assert [i for i, grad in enumerate(grads) if grad.item() == 0.0 and i in clamped] == sorted(clamped), grads
+
+
+@pytest.mark.parametrize("log_stds", [(-40.0, 40.0), (-30.0, 10.0), (-5.0, 5.0), (-4.5, -5.0)])
+def test_the_clipped_kl_is_the_gaussian_kl_where_no_mass_is_clipped(log_stds: tuple[float, float]) -> None:
+    """
+    Promise: where the first distribution puts no mass beyond the clip points, the clipped Gaussians' KL is the
+    pre-squash Gaussians' KL (clipped_gaussian_kl integrates it between the clip points), computed with the same
+    clamps: the same finite value even where the log-std ratio saturates.
+    """
+    args = [th.tensor([value], dtype=th.float64) for value in (0.3, log_stds[0], 0.1, log_stds[1])]
+    assert clipped_gaussian_kl(*args).item() == pytest.approx(gaussian_kl(*args).item(), rel=1e-9)
+
+
+@pytest.mark.parametrize("at", [-LOG_STD_LIMIT, LOG_STD_LIMIT])
+def test_the_clipped_kl_gradient_at_the_log_std_limit_is_the_one_just_inside(at: float) -> None:
+    """
+    Promise: a log-std exactly at +-LOG_STD_LIMIT is inside the range the KL is exact on: its gradient is the one an
+    ulp inside (a clamp passes its own bounds, as autograd's), not the zero of an active clamp.
+    """
+    inside = at - math.copysign(1e-7, at)
+
+    def gradient(log_std_q: float) -> float:
+        log_std = th.tensor([log_std_q], dtype=th.float64, requires_grad=True)
+        args = [th.tensor([value], dtype=th.float64) for value in (0.1, at - math.copysign(1.0, at), 0.1)]
+        kl = clipped_gaussian_kl(args[0], args[1], args[2], log_std)
+        return th.autograd.grad(kl.sum(), log_std)[0].item()
+
+    assert gradient(at) != 0.0 and gradient(at) == pytest.approx(gradient(inside), rel=1e-5)
 
 
 def test_gaussian_kl_is_accurate_for_close_distributions() -> None:

@@ -27,6 +27,7 @@ from sb3_safe import (
     SafeMlpPolicy,
     TrainingStalledError,
 )
+from sb3_safe.common.adaptive_lr import MEASURED_FIRST
 from sb3_safe.common.guard.response import Response
 from sb3_safe.common.schedules import current_learning_rate
 
@@ -188,6 +189,27 @@ def test_a_redo_leaves_the_next_rollout_in_evaluation_mode_with_gsde_noise_of_th
     assert seen == [(False, True)] * 4
 
 
+def test_a_redo_draws_the_next_rollouts_gsde_noise_for_every_env() -> None:
+    """
+    Promise: after a redo the next rollout is set up as SB3 sets it up, from the kept policy: gSDE's exploration noise
+    drawn again with one exploration matrix per env (here 2), not one matrix shared by all of them.
+    """
+    env = make_vec_env("Pendulum-v1", n_envs=2, seed=0)
+    model = PPO("MlpPolicy", env, n_steps=16, batch_size=32, use_sde=True, learning_rate=1e-3, seed=0)
+    seen: list[int] = []
+
+    class FirstStep(BaseCallback):
+        def _on_step(self) -> bool:
+            if self.n_calls % 16 == 1:  # the first step of each rollout
+                seen.append(len(self.model.policy.action_dist.exploration_matrices))
+            return True
+
+    adaptive = redo_every_update()
+    model.learn(32 * 4, callback=[adaptive, FirstStep()])
+    assert adaptive.redone_updates == 3
+    assert seen == [2] * 4
+
+
 def test_no_redo_at_the_lowest_learning_rate() -> None:
     """A redo at the lower bound would train again at the same rate (and say "at a lower lr")."""
     model = A2C("MlpPolicy", "CartPole-v1", n_steps=8, learning_rate=1e-3, seed=0)
@@ -197,6 +219,19 @@ def test_no_redo_at_the_lowest_learning_rate() -> None:
 
 
 # ----- item 8: counters describe the kept updates; adaptive_lr= keeps one callback -----
+
+
+def test_a_callback_given_another_model_measures_that_models_first_updates() -> None:
+    """
+    Promise: the first MEASURED_FIRST updates a callback sees of a model are all measured (a configured learning rate
+    far too high is met at once), also when the callback trained another model before (its count starts again; a
+    learn() that continues the same model counts on).
+    """
+    adaptive = KLAdaptiveLRCallback()
+    A2C("MlpPolicy", "CartPole-v1", n_steps=8, seed=0).learn(8 * 10, callback=adaptive)
+    A2C("MlpPolicy", "CartPole-v1", n_steps=8, seed=1).learn(8 * 10, callback=adaptive)
+    # its first 8 updates measured, then one in 32 (256 samples / 8 per update): updates 9 and 10 are not
+    assert len(adaptive.history) == MEASURED_FIRST == 8
 
 
 def test_a_redo_restores_the_update_and_skip_counters() -> None:

@@ -235,7 +235,7 @@ def dis_argument(entry: str) -> str:
     """The ``--dis`` argument (shell-quoted) that prints the pickle of a finding's entry."""
     if entry.startswith('data["'):
         return "'" + entry[: entry.index('"]') + 2] + "'"
-    return entry.split(" (", 1)[0]
+    return entry.split(" > ", 1)[0].split(" (", 1)[0]  # the entry's own pickle, which loads what is nested in it
 
 
 def safe_exp(value: float) -> float:
