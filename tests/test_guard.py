@@ -549,6 +549,26 @@ def test_rollback_restores_kl_beta_adapted_by_the_failed_update() -> None:
     assert beta_before[2] == beta_after[0] != 77.0
 
 
+def fail_the_second_update(model: PPO, change: Callable[[], object] = lambda: None) -> list[int]:
+    """
+    Make ``model``'s second update fail: after it, ``change()`` and a NaN in a weight.
+
+    :return: the timestep of each update run, as they run
+    """
+    train, updates = model.train, []
+
+    def train_then_fail() -> None:
+        train()
+        updates.append(model.num_timesteps)
+        if len(updates) == 2:
+            change()
+            with th.no_grad():
+                model.policy.action_net.weight[0, 0] = math.nan
+
+    model.train = train_then_fail  # type: ignore[method-assign]
+    return updates
+
+
 def test_rollback_restores_the_optimizer_hyperparameters_but_not_the_learning_rate() -> None:
     """
     Promise: a rollback restores each optimizer as it was at the last healthy state, its hyperparameters included
@@ -558,18 +578,7 @@ def test_rollback_restores_the_optimizer_hyperparameters_but_not_the_learning_ra
     model = small_ppo()
     optimizer = model.policy.optimizer
     healthy = {key: optimizer.param_groups[0][key] for key in ("eps", "betas")}
-    train = model.train
-    updates = []
-
-    def failing_second_update() -> None:
-        train()
-        updates.append(model.num_timesteps)
-        if len(updates) == 2:
-            optimizer.param_groups[0].update(eps=0.25, betas=(0.5, 0.5))
-            with th.no_grad():
-                model.policy.action_net.weight[0, 0] = math.nan
-
-    model.train = failing_second_update
+    updates = fail_the_second_update(model, lambda: optimizer.param_groups[0].update(eps=0.25, betas=(0.5, 0.5)))
     guard = NonFiniteGuardCallback(on_nonfinite="rollback")
     model.learn(32 * 3, callback=guard)
 
@@ -585,21 +594,11 @@ def test_a_restored_state_reports_no_gradient_norm_until_an_update_makes_one() -
     state a rollback at the end of one learn() left, checked at the start of the next).
     """
     model = small_ppo()
-    train = model.train
-    updates = []
-
-    def failing_second_update() -> None:
-        train()
-        updates.append(model.num_timesteps)
-        if len(updates) == 2:
-            with th.no_grad():
-                model.policy.action_net.weight[0, 0] = math.nan
-
-    model.train = failing_second_update
+    fail_the_second_update(model)
     guard = NonFiniteGuardCallback(on_nonfinite="rollback")
     model.learn(64, callback=guard)
     assert guard.n_rollbacks == 1 and all_finite(model)
-    model.train = train
+    del model.train  # the algorithm's own train() again
     CorruptAfterOptimizerStep(model, model.policy.optimizer, {1}, first_weight_nan(model))
     with pytest.raises(NonFiniteError) as error:
         model.learn(64, callback=NonFiniteGuardCallback(), reset_num_timesteps=False)
