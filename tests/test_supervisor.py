@@ -4,10 +4,12 @@ update in one order, whatever order they are given in; each test reproduces one 
 fails on the code before the supervisor (commit 8938b37).
 """
 
+import math
 import warnings
 from typing import Any
 
 import gymnasium as gym
+import numpy as np
 import pytest
 import torch as th
 from faults import NaNAfterOptimizerStep
@@ -16,6 +18,7 @@ from stable_baselines3 import A2C, PPO
 from stable_baselines3.common.base_class import BaseAlgorithm
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.env_util import make_vec_env
+from stable_baselines3.common.logger import configure
 from stable_baselines3.common.utils import LinearSchedule
 
 from sb3_safe import (
@@ -29,6 +32,7 @@ from sb3_safe import (
 )
 from sb3_safe.common.adaptive_lr import MEASURED_FIRST
 from sb3_safe.common.guard.response import Response
+from sb3_safe.common.guard.stall import logged_nonfinite_losses
 from sb3_safe.common.schedules import current_learning_rate
 
 
@@ -398,3 +402,15 @@ def test_parameters_unchanged_at_a_positive_learning_rate_are_a_stall() -> None:
 def test_stall_updates_is_checked() -> None:
     with pytest.raises(ValueError, match="stall_updates"):
         NonFiniteGuardCallback(stall_updates=0)
+
+
+@pytest.mark.parametrize("number", [float, np.float64, np.float32, np.float16])
+@pytest.mark.parametrize("value", [math.inf, -math.inf, math.nan, 1.0])
+def test_the_stall_watch_reads_a_loss_logged_as_any_float_type(number: type, value: float) -> None:
+    """numpy's float32 / float16 are not Python floats: a non-finite loss logged as one still counts."""
+    logger = configure(None, [])
+    logger.record("train/value_loss", number(value))
+    logger.record("train/learning_rate", number(math.nan))  # not a loss
+    logger.record("rollout/ep_rew_mean", "inf")  # not a number
+    found = logged_nonfinite_losses(logger)
+    assert [loss.name for loss in found] == ([] if math.isfinite(value) else ["train/value_loss"])

@@ -193,6 +193,8 @@ class UpdateSupervisor:
                 warnings.warn(message, UserWarning, stacklevel=2)
 
     def _restore_schedules(self) -> None:
+        if not self._replaced_schedules:
+            return  # (after nearly every update)
         model = self._model()
         if model is not None:
             for name, schedule in self._replaced_schedules.items():

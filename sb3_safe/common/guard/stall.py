@@ -23,6 +23,8 @@ DEFAULT_STALL_UPDATES = 10
 STALLED_UPDATES_ATTRIBUTE = "nonfinite_guard_stalled_updates"
 #: Above this |return| a squared error (the default value loss) overflows float32
 SQUARE_OVERFLOW = math.sqrt(float(np.finfo(np.float32).max))
+#: The logged values whose finiteness is read (numpy's float32 is not a float)
+_NUMBERS = (int, float, np.floating)
 
 
 def logged_nonfinite_losses(logger: Logger) -> list[NonFiniteTensor]:
@@ -31,10 +33,11 @@ def logged_nonfinite_losses(logger: Logger) -> list[NonFiniteTensor]:
 
     :param logger: the model's logger
     """
+    # Read after every update: the finiteness test first, on plain numbers only (a logged value may be anything)
     return [
         NonFiniteTensor(name, int(math.isnan(value)), int(math.isinf(value)), 1)
         for name, value in logger.name_to_value.items()
-        if name.startswith("train/") and name.endswith("loss") and isinstance(value, int | float) and not math.isfinite(value)
+        if isinstance(value, _NUMBERS) and not math.isfinite(value) and name.startswith("train/") and name.endswith("loss")
     ]
 
 
@@ -66,9 +69,11 @@ class StallWatch:
         """
         self.steps = 0
         self._n_updates = getattr(model, "_n_updates", None)
-        returns = getattr(getattr(model, "rollout_buffer", None), "returns", None)
-        if (getattr(model, STALLED_UPDATES_ATTRIBUTE, 0) or self._unchanged) and isinstance(returns, np.ndarray):
-            buffer = model.rollout_buffer  # type: ignore[attr-defined]
+        if not (getattr(model, STALLED_UPDATES_ATTRIBUTE, 0) or self._unchanged):
+            return
+        buffer = getattr(model, "rollout_buffer", None)
+        returns = getattr(buffer, "returns", None)
+        if isinstance(returns, np.ndarray):
             with np.errstate(over="ignore", invalid="ignore"):
                 self.largest = (float(np.abs(buffer.rewards).max()), float(np.abs(returns).max()))
 
