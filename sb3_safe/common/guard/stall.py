@@ -9,6 +9,7 @@ non-finite losses, the largest reward and return of the rollouts) and the fix.
 """
 
 import math
+from typing import Any
 
 import numpy as np
 from stable_baselines3.common.base_class import BaseAlgorithm
@@ -71,7 +72,7 @@ class StallWatch:
         self._n_updates = getattr(model, "_n_updates", None)
         if not (getattr(model, STALLED_UPDATES_ATTRIBUTE, 0) or self._unchanged):
             return
-        buffer = getattr(model, "rollout_buffer", None)
+        buffer: Any = getattr(model, "rollout_buffer", None)
         returns = getattr(buffer, "returns", None)
         if isinstance(returns, np.ndarray):
             with np.errstate(over="ignore", invalid="ignore"):
