@@ -150,3 +150,34 @@ def test_tensor_check_of_mixed_dtypes_on_the_torch_path(device: str) -> None:
     assert check()
     transposed[1, 1] = math.nan
     assert not check()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@settings(max_examples=60, deadline=None)
+@given(
+    shapes=st.lists(st.tuples(st.integers(0, 5), st.integers(1, 4)), min_size=1, max_size=8),
+    dtypes=st.lists(st.sampled_from([th.float32, th.float64, th.int64]), min_size=8, max_size=8),
+    compared=st.lists(st.booleans(), min_size=8, max_size=8),
+    changed=st.integers(0, 7),
+)
+def test_flat_copy_equal_to_compares_exactly_the_named_tensors(
+    device: str, shapes: list[tuple[int, int]], dtypes: list[th.dtype], compared: list[bool], changed: int
+) -> None:
+    """The stall watch's "parameters unchanged": runs of the named tensors in each buffer, mixed dtypes, empty ones."""
+    dtypes = dtypes[: len(shapes)]
+    tensors = [
+        th.arange(rows * cols, dtype=dtype, device=device).reshape(rows, cols)
+        for (rows, cols), dtype in zip(shapes, dtypes, strict=False)
+    ]
+    named = [(f"t{i}", tensor) for i, tensor in enumerate(tensors)]
+    names = {name for (name, _), keep in zip(named, compared, strict=False) if keep}
+    first, second = FlatCopy(named), FlatCopy(named)
+    first.update()
+    second.update()
+    assert first.equal_to(second, names) and first.equal_to(second, names)  # the second call reads the cached runs
+    changed %= len(tensors)
+    if tensors[changed].numel():
+        tensors[changed].view(-1)[-1] += 1
+        second.update()
+        assert first.equal_to(second, names) == (f"t{changed}" not in names)
+        assert first.equal_to(second, {f"t{changed}"}) is False

@@ -259,6 +259,12 @@ class _FlatBuffer:
         self._array_aliases = [a.numpy() for a in self.aliases] if self.aliases is not None and on_numpy else None
         self._storage = [t.data_ptr() for t in self.live]
 
+    def range_equal(self, other: "_FlatBuffer", start: int, stop: int) -> bool:
+        """Whether ``flat[start:stop]`` holds the same values here and in ``other`` (numpy's compare is the faster)."""
+        if self._flat_array is not None and other._flat_array is not None:
+            return bool(np.array_equal(self._flat_array[start:stop], other._flat_array[start:stop]))
+        return th.equal(self.flat[start:stop], other.flat[start:stop])
+
     def update(self) -> bool:
         # A tensor given new storage (``param.data = ...``) would leave its alias reading the old one
         if self.aliases is not None and [t.data_ptr() for t in self.live] != self._storage:
@@ -293,11 +299,15 @@ class FlatCopy:
         for index, tensor in enumerate(self.tensors):
             by_kind.setdefault((tensor.dtype, tensor.device), []).append(index)
         self._buffers: list[_FlatBuffer] = []
-        for indices in by_kind.values():
+        #: per buffer, the indices of its tensors, in the buffer's order
+        self._indices = list(by_kind.values())
+        for indices in self._indices:
             buffer = _FlatBuffer([self.tensors[i] for i in indices])
             for i, view in zip(indices, buffer.views, strict=True):
                 self.views[i] = view
             self._buffers.append(buffer)
+        #: the names :meth:`equal_to` was last asked about and their runs per buffer
+        self._runs: tuple[Container[str], list[list[tuple[int, int]]]] | None = None
 
     def update(self) -> bool:
         """
@@ -345,6 +355,13 @@ class FlatCopy:
         :param other: another copy
         :param names: the tensors to compare (e.g. the parameters)
         """
+        if other.names == self.names and [b.flat.numel() for b in other._buffers] == [b.flat.numel() for b in self._buffers]:
+            # The same layout (two copies of one model): compare the named tensors' contiguous runs of each buffer
+            return all(
+                mine.range_equal(theirs, start, stop)
+                for mine, theirs, runs in zip(self._buffers, other._buffers, self._runs_of(names), strict=True)
+                for start, stop in runs
+            )
         theirs = dict(zip(other.names, other.views, strict=True))
         for name, view in zip(self.names, self.views, strict=True):
             if name in names:
@@ -352,6 +369,26 @@ class FlatCopy:
                 if other_view is None or not th.equal(view, other_view):
                     return False
         return True
+
+    def _runs_of(self, names: Container[str]) -> list[list[tuple[int, int]]]:
+        """Per buffer, the (start, stop) ranges of the flat buffer that the tensors called ``names`` fill, merged."""
+        if self._runs is not None and self._runs[0] is names:
+            return self._runs[1]
+        runs: list[list[tuple[int, int]]] = []
+        for indices in self._indices:
+            merged: list[tuple[int, int]] = []
+            start = 0
+            for index in indices:
+                stop = start + int(self.tensors[index].numel())
+                if self.names[index] in names:
+                    if merged and merged[-1][1] == start:
+                        merged[-1] = (merged[-1][0], stop)
+                    else:
+                        merged.append((start, stop))
+                start = stop
+            runs.append(merged)
+        self._runs = (names, runs)
+        return runs
 
     def get(self, name: str) -> th.Tensor | None:
         """

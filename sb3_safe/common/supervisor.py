@@ -134,7 +134,7 @@ class UpdateSupervisor:
         self._phase, self.restored = _UPDATING, False
         for guard in self.guards:
             guard.check_rollout()
-        if not self.stopping:
+        if self.judges and not self.stopping:
             for judge in self.judges:
                 judge.prepare_update()
         self._read_schedules_from_zero_past_the_end()
