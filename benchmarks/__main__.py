@@ -4,7 +4,7 @@ coefficient around rl-zoo's tuned settings), stock SB3 vs sb3-safe in the same r
 
 Usage::
 
-    python -m benchmarks run overhead|learning|stress|robustness|adaptive_lr|critic|faults|mutation|reward_scale|all
+    python -m benchmarks run overhead|learning|stress|robustness|adaptive_lr|critic|faults|mutation|reward_scale|no_stall|all
         [--quick | --size tiny|quick|full] [--jobs N] [--out DIR] [--modules MODULE ...]
     python -m benchmarks report overhead|learning|...|mutation|all [--out DIR]  # from JSONL
 
@@ -32,6 +32,7 @@ from benchmarks import (
     faults,
     learning,
     mutation,
+    no_stall,
     overhead,
     reports,
     reward_scale,
@@ -50,6 +51,7 @@ SUITES: dict[str, ModuleType] = {
     "faults": faults,
     "mutation": mutation,
     "reward_scale": reward_scale,
+    "no_stall": no_stall,
 }
 
 

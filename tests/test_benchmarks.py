@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks import suite, variants
 from benchmarks.__main__ import main
 from benchmarks.overhead import median_interval, verdict
 from benchmarks.stress import REFERENCE, TINY_CONFIGS
@@ -191,3 +192,25 @@ def test_reward_scale_map_runs_resumes_and_reports(tmp_path: Path) -> None:
     report = (tmp_path / "reward_scale.md").read_text()
     assert "| variant | x1e+30 |" in report and "| variant | crashes | stall events | skipped steps | rollbacks |" in report
     assert (tmp_path / "reward_scale.png").exists()
+
+
+def test_no_stall_suite_watches_every_tuned_run_and_resumes(tmp_path: Path) -> None:
+    """The tuned runs of the learning suite and of the robustness map (factor 1), each with a guard; keyed for a
+    resumed run; the report counts the stall events."""
+    from benchmarks import learning, no_stall, robustness
+
+    jobs = no_stall.jobs("tiny")
+    tuned_ent_coef = {env_id: robustness.tuned_settings(task)[1] for env_id, task in robustness.TASKS.items()}
+    tuned = [job for job in robustness.jobs("tiny") if job[2] == 1 and job[3] == tuned_ent_coef[job[0]]]
+    assert len(jobs) == len(learning.jobs("tiny")) + len(tuned) and len(set(map(no_stall.job_key, jobs))) == len(jobs)
+    assert all(no_stall.watched(variants.VARIANTS[name]).guard for name in variants.VARIANTS)
+    assert no_stall.watched(variants.VARIANTS["PPO+SafeMlpPolicy+guard+KL-lr"]).guard == "rollback"  # its own kept
+    rows = [row for job in jobs[:1] + jobs[-1:] for row in no_stall.run_job(job)]
+    assert [no_stall.row_key(row) for row in rows] == [no_stall.job_key(jobs[0]), no_stall.job_key(jobs[-1])]
+    assert all(row["guard_events"] == 0 and row["guard_stalls"] == 0 and row["error"] is None for row in rows)
+    assert rows[0]["added_guard"] and rows[0]["source"] == "learning" and rows[-1]["source"] == "robustness"
+    meta = dict(kind="meta", size="tiny", command="c")
+    suite.write_jsonl(tmp_path / "no_stall.jsonl", [meta] + [dict(kind="run", **row) for row in rows])
+    no_stall.report(tmp_path)
+    report = (tmp_path / "no_stall.md").read_text()
+    assert "**Stall events: 0** in 2 runs" in report and "| source | variant | runs | guard |" in report
