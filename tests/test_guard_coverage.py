@@ -14,8 +14,11 @@ import pytest
 import torch as th
 from faults import NaNAfterOptimizerStep
 from gymnasium import spaces
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from stable_baselines3 import A2C, DQN, PPO, SAC
 from stable_baselines3.common.base_class import BaseAlgorithm
+from stable_baselines3.common.buffers import RolloutBuffer
 from stable_baselines3.common.callbacks import (
     BaseCallback,
     CallbackList,
@@ -428,3 +431,77 @@ def test_a_function_callback_writing_a_weight_is_caught_before_train() -> None:
     with pytest.raises(NonFiniteError, match=r"at the end of a rollout, before train\(\): changed outside an optimizer"):
         model.learn(400, callback=CallbackList([ConvertCallback(nan_in_value_net), guard]))
     assert "policy.value_net.weight: 1 NaN" in guard.events[0].message and guard.events[0].timestep == 100
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    n_steps=st.integers(1, 6),
+    n_envs=st.integers(1, 3),
+    gae_lambda=st.sampled_from([0.0, 0.5, 0.95, 1.0]),
+    gamma=st.sampled_from([0.0, 0.9, 0.99, 1.0]),
+    where=st.sampled_from(["rewards", "values", "last_values"]),
+    bad=st.sampled_from([math.nan, math.inf, -math.inf]),
+    done_pattern=st.integers(0, 2**18 - 1),
+    position=st.integers(0, 2**16),
+    magnitude=st.sampled_from([1.0, 1e30, 1e37]),
+)
+def test_sb3_gae_carries_any_nonfinite_reward_or_value_into_a_return(
+    n_steps: int,
+    n_envs: int,
+    gae_lambda: float,
+    gamma: float,
+    where: str,
+    bad: float,
+    done_pattern: int,
+    position: int,
+    magnitude: float,
+) -> None:
+    """Why the guard reads only the returns and log-probs of a buffer no other callback wrote: in SB3's own GAE, a
+    non-finite reward, value or bootstrap value leaves a non-finite return, whatever the dones, gamma and lambda."""
+    buffer = RolloutBuffer(
+        n_steps, spaces.Box(-1, 1, (1,)), spaces.Discrete(2), n_envs=n_envs, gamma=gamma, gae_lambda=gae_lambda
+    )
+    rng = np.random.default_rng(position)
+    for step in range(n_steps):
+        starts = np.array([(done_pattern >> (step * n_envs + env)) & 1 for env in range(n_envs)], dtype=np.float32)
+        buffer.add(
+            np.zeros((n_envs, 1), np.float32),
+            np.zeros((n_envs, 1)),
+            (rng.standard_normal(n_envs) * magnitude).astype(np.float32),
+            starts,
+            th.as_tensor(rng.standard_normal(n_envs) * magnitude, dtype=th.float32),
+            th.zeros(n_envs),
+        )
+    last_values = th.as_tensor(rng.standard_normal(n_envs), dtype=th.float32)
+    dones = np.array([(done_pattern >> (17 - env)) & 1 for env in range(n_envs)], dtype=np.float32)
+    if where == "last_values":  # multiplied by 0 after a done: NaN then
+        last_values[position % n_envs] = bad
+    else:
+        getattr(buffer, where).reshape(-1)[position % (n_steps * n_envs)] = bad
+    with np.errstate(all="ignore"):
+        buffer.compute_returns_and_advantage(last_values, dones)
+    assert not np.isfinite(buffer.returns).all()
+
+
+class _WriteIntoTheRolloutBuffer(BaseCallback):
+    """A callback that writes a non-finite value into one array of the rollout buffer after SB3 computed the returns."""
+
+    def __init__(self, array: str) -> None:
+        super().__init__()
+        self.array = array
+
+    def _on_step(self) -> bool:
+        return True
+
+    def _on_rollout_end(self) -> None:
+        getattr(self.model.rollout_buffer, self.array)[1, 0] = np.inf
+
+
+@pytest.mark.parametrize("array", ["rewards", "values", "advantages", "returns", "log_probs"])
+def test_a_callback_that_writes_into_the_rollout_buffer_has_every_array_checked(array: str) -> None:
+    """Where another callback may write, the returns no longer imply the rest: the guard reads all five arrays."""
+    model = A2C("MlpPolicy", "CartPole-v1", n_steps=4, seed=0)
+    guard = NonFiniteGuardCallback(on_nonfinite="raise")
+    with pytest.raises(NonFiniteError, match=rf"(?s)end of rollout.*{array}"):
+        model.learn(8, callback=[_WriteIntoTheRolloutBuffer(array), guard])
+    assert model.num_timesteps == 4

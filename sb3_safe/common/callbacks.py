@@ -78,7 +78,8 @@ class NonFiniteGuardCallback(BaseCallback):
       ``snapshot_every`` steps (1,000 by default) of A2C and the off-policy algorithms (one or a few gradient steps
       per update), and at the end of ``learn()``: the full check, of every tensor that ``model.save()`` would store
       (all networks, target networks, optimizer state such as Adam moments) and the VecNormalize statistics;
-    - at the end of each on-policy rollout: the rollout buffer (rewards, values, returns, advantages, log-probs);
+    - at the end of each on-policy rollout: the rollout buffer (rewards, values, returns, advantages, log-probs; of
+      these, the returns and log-probs where no other callback may write: SB3's GAE makes them imply the rest);
     - optionally (``check_gradients=True``) the gradients before every optimizer step.
 
     Each check is one reduction over its arrays or tensors, small ones packed together first (see
@@ -291,7 +292,11 @@ class NonFiniteGuardCallback(BaseCallback):
         # After the last value prediction: what a callback changed in the rollout
         self._check_live_model("at the end of a rollout, before train()")
         buffer = getattr(self.model, "rollout_buffer", None)
-        if buffer is not None and not self.stopping and not self._watched.rollout_buffer_is_finite(buffer):
+        if (
+            buffer is not None
+            and not self.stopping
+            and not self._watched.rollout_buffer_is_finite(buffer, not self._others_may_write)
+        ):
             self._handle(self._locator.in_rollout_buffer(buffer))
 
     def judge_kept_update(self, at_end: bool) -> None:
@@ -309,11 +314,10 @@ class NonFiniteGuardCallback(BaseCallback):
         if stalled is not None:
             self._report_stall(stalled)
             return
-        n_updates = getattr(self.model, "_n_updates", None)
         if at_end and self._cadence.due_at_training_end(self.model):
             self._check_model("after the last train() of learn()", after_update=True)
         elif not at_end and self._cadence.due_at_rollout_start(self.model):
-            self._check_model(f"after train() (n_updates={n_updates})", after_update=True)
+            self._check_model(f"after train() (n_updates={getattr(self.model, '_n_updates', None)})", after_update=True)
         elif not at_end:
             self._check_live_model("at the start of a rollout")
 

@@ -158,8 +158,11 @@ def record_counts(logger: Logger, n_events: int, n_rollbacks: int) -> None:
     :param n_events: events so far
     :param n_rollbacks: rollbacks over the model's whole training
     """
-    logger.record("guard/events", n_events)
-    logger.record("guard/rollbacks", n_rollbacks)
+    # At every rollout end: recorded again only when a dump cleared them or they changed
+    values = logger.name_to_value
+    if values.get("guard/events") != n_events or values.get("guard/rollbacks") != n_rollbacks:
+        logger.record("guard/events", n_events)
+        logger.record("guard/rollbacks", n_rollbacks)
 
 
 def publish(event: GuardEvent, logger: Logger, report_dir: str | None) -> None:

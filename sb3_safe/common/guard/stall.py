@@ -89,8 +89,11 @@ class StallWatch:
         if getattr(model, "_n_updates", None) == self._n_updates:
             return None  # no update ran (off-policy algorithms before learning starts)
         self._updates_since_check += 1
-        losses = logged_nonfinite_losses(logger)
-        failing = getattr(model, STALLED_UPDATES_ATTRIBUTE, 0) + 1 if self.steps == 0 or losses else 0
+        if self.steps and not logged_nonfinite_losses(logger):
+            if getattr(model, STALLED_UPDATES_ATTRIBUTE, 0):
+                setattr(model, STALLED_UPDATES_ATTRIBUTE, 0)
+            return None  # (after nearly every update)
+        failing = getattr(model, STALLED_UPDATES_ATTRIBUTE, 0) + 1
         stalled = self.patience is not None and failing >= self.patience
         setattr(model, STALLED_UPDATES_ATTRIBUTE, 0 if stalled else failing)
         if not stalled:

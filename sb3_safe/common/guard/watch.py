@@ -22,6 +22,10 @@ Observation = np.ndarray | dict[str, np.ndarray]
 OptimizerHook = Callable[[th.optim.Optimizer, Any, Any], None]
 #: The rollout buffer arrays that the end-of-rollout check reads, where the buffer has them
 ROLLOUT_BUFFER_ARRAYS = ("rewards", "values", "returns", "advantages", "log_probs")
+#: Those that imply the others, as SB3's buffers compute them (GAE, in every on-policy algorithm of SB3 and
+#: sb3-contrib): returns = advantages + values, each advantage from the rewards, values and bootstrap values after it,
+#: and a non-finite operand stays non-finite in sums and products; the log-probabilities come from the policy
+ROLLOUT_BUFFER_DERIVED = ("returns", "log_probs")
 _NO_ACTIONS = np.zeros(0, dtype=np.int64)
 
 
@@ -258,7 +262,12 @@ class WatchedModel:
         variances = (rms.var for rms in obs_rms)
         return math.isfinite(venv.ret_rms.var) and self._all_finite(*observations, rewards, actions, *variances)
 
-    def rollout_buffer_is_finite(self, buffer: Any) -> bool:
-        """:param buffer: an on-policy rollout buffer; whether its arrays of :data:`ROLLOUT_BUFFER_ARRAYS` are finite"""
-        arrays = [getattr(buffer, name, None) for name in ROLLOUT_BUFFER_ARRAYS]
+    def rollout_buffer_is_finite(self, buffer: Any, derived_only: bool = False) -> bool:
+        """
+        :param buffer: an on-policy rollout buffer; whether its arrays of :data:`ROLLOUT_BUFFER_ARRAYS` are finite
+        :param derived_only: read only :data:`ROLLOUT_BUFFER_DERIVED`, which imply the others where nothing but SB3's
+            own code wrote the buffer (no other callback ran)
+        """
+        names = ROLLOUT_BUFFER_DERIVED if derived_only else ROLLOUT_BUFFER_ARRAYS
+        arrays = [getattr(buffer, name, None) for name in names]
         return self._all_finite(*(array for array in arrays if isinstance(array, np.ndarray)))
