@@ -713,3 +713,17 @@ def test_rollback_of_nan_normalization_renormalizes_the_step_it_made(algo: type[
     assert np.isfinite(model._last_obs).all() and all_finite(model)
     if algo is RecurrentPPO:
         assert all(bool(th.isfinite(state).all()) for states in model._last_lstm_states for state in states)
+
+
+def test_a_weight_given_new_storage_between_two_learn_calls_is_still_watched() -> None:
+    """Without other callbacks the storage is read once per learn(): a user's re-initialization between two calls."""
+    model = small_ppo()
+    guard = NonFiniteGuardCallback()
+    model.learn(64, callback=guard)
+    weight = model.policy.mlp_extractor.policy_net[0].weight
+    weight.data = weight.data.clone()
+    injector = CorruptAfterOptimizerStep(model, model.policy.optimizer, {3}, first_weight_nan(model))
+    with pytest.raises(NonFiniteError) as error:
+        model.learn(256, callback=guard, reset_num_timesteps=False)
+    assert injector.timesteps == [128]
+    assert "policy.mlp_extractor.policy_net.0.weight: 1 NaN" in str(error.value)

@@ -247,19 +247,23 @@ class NonFiniteGuardCallback(BaseCallback):
     def _on_step(self) -> bool:
         if self.stopping:
             return False
-        locals_ = self.locals
-        new_obs, rewards, actions = locals_["new_obs"], locals_["rewards"], self._watched.step_actions(locals_)
+        locals_, watched = self.locals, self._watched
+        new_obs, rewards, actions = locals_["new_obs"], locals_["rewards"], watched.step_actions(locals_)
         # The VecEnv reset the envs whose episode ended: their final observations are only in the infos
-        terminal = self._watched.terminal_observations(locals_.get("infos", ()))
-        if not self._watched.step_is_finite(new_obs, rewards, actions, terminal):
-            fault = self._locator.in_step(new_obs, rewards, actions, terminal)
-            self._handle(fault)
-            if fault.source == NORMALIZATION and not self.stopping:  # rolled back
-                renormalize_step(self._watched.vec_normalize, new_obs, rewards)
+        terminal = watched.terminal_observations(locals_.get("infos", ()))
+        if watched.step_is_finite(new_obs, rewards, actions, terminal):
+            return True  # (at nearly every step)
+        fault = self._locator.in_step(new_obs, rewards, actions, terminal)
+        self._handle(fault)
+        if fault.source == NORMALIZATION and not self.stopping:  # rolled back
+            renormalize_step(watched.vec_normalize, new_obs, rewards)
         return not self.stopping
 
     def _on_rollout_end(self) -> None:
-        self._storage_checked.clear()
+        if self._others_may_write:
+            # Only other callbacks can give a parameter new storage inside learn() (optimizer steps, rollbacks and
+            # undos write in place): without them, once per learn() is enough
+            self._storage_checked.clear()
         self._supervisor.rollout_end()  # calls check_rollout, before the adaptive learning rate's record
         at_bound = self.exploration.after_update(self.model)
         if at_bound is not None:
