@@ -75,11 +75,15 @@ def row_key(row: dict[str, Any]) -> tuple[str, str, str, int]:
     return row["family"], row["env"], row["variant"], row["seed"]
 
 
-def run_job(job: tuple[str, str, str, int, int, int]) -> list[dict[str, Any]]:
-    """Train and evaluate one (family, env, variant, seed)."""
+def run_job(job: tuple[str, str, str, int, int, int], guard: str | None = None) -> list[dict[str, Any]]:
+    """
+    Train and evaluate one (family, env, variant, seed).
+
+    :param guard: a guard in this mode on a variant without one (``benchmarks.no_stall``); None: the variant as it is
+    """
     family, env_id, variant, seed, timesteps, episodes = job
     config = configs.family_config(family, env_id)
-    row = training.train(variants.VARIANTS[variant], env_id, config, timesteps, seed, episodes, curve=True)
+    row = training.train(variants.guarded(variant, guard), env_id, config, timesteps, seed, episodes, curve=True)
     return [dict(family=family, **row)]
 
 

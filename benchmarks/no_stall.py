@@ -17,11 +17,10 @@ train`: ``guard_events``, ``guard_stalls``, ``error``) with ``source`` and ``add
 events and stalls per source and variant, and every run with an event.
 """
 
-import dataclasses
 from pathlib import Path
 from typing import Any
 
-from benchmarks import configs, learning, reports, robustness, suite, training, variants
+from benchmarks import learning, reports, robustness, suite, variants
 
 SUITE = "no_stall"
 #: What the runs come from: ("learning", learning job) or ("robustness", robustness job)
@@ -50,27 +49,11 @@ def row_key(row: dict[str, Any]) -> tuple[Any, ...]:
     return (source, *(learning.row_key(row) if source == "learning" else robustness.row_key(row)))
 
 
-def watched(variant: variants.Variant) -> variants.Variant:
-    """The variant with a guard: its own, or one in ``"raise"`` mode (a stall ends the run with its message)."""
-    return variant if variant.guard is not None else dataclasses.replace(variant, guard="raise")
-
-
 def run_job(job: Job) -> list[dict[str, Any]]:
-    """Train one tuned run with a guard watching it."""
+    """Train one tuned run with a guard watching it: its own, or one in ``"raise"`` mode (any event ends the run)."""
     source, inner = job
-    if source == "learning":
-        family, env_id, name, seed, timesteps, episodes = inner
-        config = configs.family_config(family, env_id)
-        row = training.train(watched(variants.VARIANTS[name]), env_id, config, timesteps, seed, episodes)
-        row = dict(family=family, **row)
-    else:
-        env_id, name, factor, ent_coef, seed, size = inner
-        task = robustness.TASKS[env_id]
-        config = robustness.cell_config(task, factor, ent_coef, size)
-        variant = watched(variants.VARIANTS[name])
-        row = training.train(variant, env_id, config, task.timesteps[size], seed, robustness.EVAL_EPISODES[size])
-        row = dict(task=env_id, lr_factor=factor, ent_coef=ent_coef, **row)
-    return [dict(source=source, added_guard=variants.VARIANTS[row["variant"]].guard is None, **row)]
+    rows = learning.run_job(inner, guard="raise") if source == "learning" else robustness.run_job(inner, guard="raise")
+    return [dict(source=source, added_guard=variants.VARIANTS[row["variant"]].guard is None, **row) for row in rows]
 
 
 def budget(size: str) -> dict[str, Any]:

@@ -323,13 +323,17 @@ def cell_config(task: Task, factor: float, ent_coef: float, size: str) -> config
     return task_config(task, **overrides)
 
 
-def run_job(job: Job) -> list[dict[str, Any]]:
-    """Train and evaluate one grid cell's run; crashes are results."""
+def run_job(job: Job, guard: str | None = None) -> list[dict[str, Any]]:
+    """
+    Train and evaluate one grid cell's run; crashes are results.
+
+    :param guard: a guard in this mode on a variant without one (``benchmarks.no_stall``); None: the variant as it is
+    """
     env_id, variant, factor, ent_coef, seed, size = job
     task = TASKS[env_id]
     tuned_lr, _ = tuned_settings(task)
     config = cell_config(task, factor, ent_coef, size)
-    row = training.train(variants.VARIANTS[variant], env_id, config, task.timesteps[size], seed, EVAL_EPISODES[size])
+    row = training.train(variants.guarded(variant, guard), env_id, config, task.timesteps[size], seed, EVAL_EPISODES[size])
     return [
         dict(
             task=env_id,

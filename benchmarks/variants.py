@@ -2,6 +2,7 @@
 The ways a benchmark trains: stock SB3 / sb3-contrib algorithms and sb3-safe's policies, algorithms and guard.
 """
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -113,6 +114,17 @@ VARIANTS = {
         ),
     )
 }
+
+
+def guarded(name: str, mode: str | None) -> Variant:
+    """
+    The variant called ``name``, with a guard in ``mode`` if it has none (``mode`` None: as it is).
+
+    :param name: a key of :data:`VARIANTS`
+    :param mode: a NonFiniteGuardCallback mode, or None
+    """
+    variant = VARIANTS[name]
+    return variant if mode is None or variant.guard is not None else dataclasses.replace(variant, guard=mode)
 
 
 def build_model(variant: Variant, env: Any, seed: int, kwargs: dict[str, Any]) -> Any:

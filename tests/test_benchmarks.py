@@ -203,8 +203,8 @@ def test_no_stall_suite_watches_every_tuned_run_and_resumes(tmp_path: Path) -> N
     tuned_ent_coef = {env_id: robustness.tuned_settings(task)[1] for env_id, task in robustness.TASKS.items()}
     tuned = [job for job in robustness.jobs("tiny") if job[2] == 1 and job[3] == tuned_ent_coef[job[0]]]
     assert len(jobs) == len(learning.jobs("tiny")) + len(tuned) and len(set(map(no_stall.job_key, jobs))) == len(jobs)
-    assert all(no_stall.watched(variants.VARIANTS[name]).guard for name in variants.VARIANTS)
-    assert no_stall.watched(variants.VARIANTS["PPO+SafeMlpPolicy+guard+KL-lr"]).guard == "rollback"  # its own kept
+    assert all(variants.guarded(name, "raise").guard for name in variants.VARIANTS)
+    assert variants.guarded("PPO+SafeMlpPolicy+guard+KL-lr", "raise").guard == "rollback"  # its own kept
     rows = [row for job in jobs[:1] + jobs[-1:] for row in no_stall.run_job(job)]
     assert [no_stall.row_key(row) for row in rows] == [no_stall.job_key(jobs[0]), no_stall.job_key(jobs[-1])]
     assert all(row["guard_events"] == 0 and row["guard_stalls"] == 0 and row["error"] is None for row in rows)

@@ -82,7 +82,6 @@ class UpdateSupervisor:
         self._learn: object | None = None
         self._replaced_schedules: dict[str, Any] = {}
         self._named_past_end: set[str] = set()
-        self._total_timesteps = 0
 
     @classmethod
     def of(cls, model: BaseAlgorithm) -> "UpdateSupervisor":
@@ -118,8 +117,6 @@ class UpdateSupervisor:
             self._restore_schedules()
             self.guards, self.judges, self.restored = [], [], False
             self._learn, self._phase = learn, _COLLECTING
-            # Set by learn() before the callbacks start, read after every rollout
-            self._total_timesteps = getattr(self.model, "_total_timesteps", 0)
         members: list[Any] = self.judges if hasattr(participant, "judge_update") else self.guards
         if participant not in members:
             members.append(participant)
@@ -174,7 +171,7 @@ class UpdateSupervisor:
         range that inverts the clip). Read them at 0 for this update; name each that would have gone negative, once.
         """
         model = self.model
-        total = self._total_timesteps
+        total = getattr(model, "_total_timesteps", 0)
         if not total or model.num_timesteps <= total or getattr(model, "reads_schedules_from_zero", False):
             return  # (sb3-safe's algorithms clamp their progress at 0 themselves)
         progress = 1.0 - model.num_timesteps / total
