@@ -196,6 +196,28 @@ def test_training_at_any_reward_scale_skips_no_step(algo: type, kwargs: dict[str
 
 
 @pytest.mark.parametrize(("algo", "kwargs"), ALGORITHMS)
+@pytest.mark.parametrize("scale", [1e-4, 1e6, 1e30])
+def test_training_is_equivariant_to_the_reward_scale(algo: type, kwargs: dict[str, Any], scale: float) -> None:
+    """The promise behind "learns at any reward scale": with the same seed, rewards x ``scale`` give the same updates
+    as rewards x 1 (the policy's parameters and the normalized critic, up to float32 rounding), and statistics and
+    values in reward units times ``scale``. Broken when any part of training sees the reward's units: e.g. the first
+    rollout's values (the untrained critic's output, noise of a fixed size) swamping tiny rewards."""
+    # Each built right before it learns: the seed sets torch's global generator, which sampling draws from
+    models = [make_model(algo, kwargs, factor).learn(4 * kwargs["n_steps"] * 2) for factor in (1.0, scale)]
+    reference, scaled = (dict(model.policy.named_parameters()) for model in models)
+    for name, parameter in reference.items():
+        assert th.allclose(scaled[name], parameter, rtol=1e-3, atol=1e-5), name
+    mean, var, count = statistics(models[1])
+    assert count == statistics(models[0])[2]
+    assert mean == pytest.approx(statistics(models[0])[0] * scale, rel=1e-4)
+    assert var == pytest.approx(statistics(models[0])[1] * scale**2, rel=1e-3)
+    observations = th.as_tensor(np.random.default_rng(3).normal(size=(8, 3)), dtype=th.float32)
+    with th.no_grad():
+        values = [model.policy.predict_values(observations).double() for model in models]
+    assert th.allclose(values[1], values[0] * scale, rtol=1e-3)
+
+
+@pytest.mark.parametrize(("algo", "kwargs"), ALGORITHMS)
 def test_values_are_in_reward_units_wherever_sb3_reads_them(algo: type, kwargs: dict[str, Any]) -> None:
     """forward, predict_values and evaluate_actions (what collect_rollouts stores, bootstraps truncated episodes
     from, and GAE's last values) de-normalize; only inside normalized_values (train()'s loss) they are normalized."""

@@ -13,8 +13,12 @@ advantages are divided by the same standard deviation (:meth:`PopArtValueHead.sc
 gradient of an algorithm that does not normalize them (A2C) is scale-free as well.
 
 When the statistics change, the layer's weight and bias are rescaled so that the values in reward units stay what
-they were (the paper's "preserving outputs precisely"), except at the first update: the untrained layer's output
-carries no value, and is read in normalized units from then on (an estimate of the mean return).
+they were (the paper's "preserving outputs precisely"), except at the first update: before it, with no return seen,
+nothing is known of the reward's scale and the values in reward units are 0; from then on the layer's output is read
+in normalized units. An untrained layer's output would otherwise be noise of a fixed size in reward units, which
+swamps the first returns of tiny rewards and, bootstrapped from, stays in the statistics; with values of 0 the first
+returns are the rewards' own, and training is equivariant to the reward's scale (the same updates at rewards x c, up
+to rounding).
 """
 
 import contextlib
@@ -58,7 +62,7 @@ class PopArtValueHead(nn.Module):
         self.weight = linear.weight
         self.bias = linear.bias
         device = linear.weight.device
-        # Before the first update: mean 0, std 1, the layer's output unchanged
+        # Before the first update: mean 0, std 1 (normalized targets are the returns), values in reward units 0
         self.register_buffer("return_mean", th.zeros(linear.out_features, dtype=th.float64, device=device))
         self.register_buffer("return_var", th.ones(linear.out_features, dtype=th.float64, device=device))
         self.register_buffer("return_count", th.zeros((), dtype=th.float64, device=device))
@@ -78,8 +82,10 @@ class PopArtValueHead(nn.Module):
         normalized = F.linear(latent, self.weight, self.bias)
         if self.normalized_output:
             return normalized
+        # Scale 0 before the first update (the values are then 0); a tensor, not a branch: no device sync per step
+        scale = th.where(self.return_count > 0, self.return_std, th.zeros_like(self.return_std))
         # In float64: the statistics of returns near float32's range must not round or overflow on the way
-        return (normalized.double() * self.return_std + self.return_mean).to(normalized.dtype)
+        return (normalized.double() * scale + self.return_mean).to(normalized.dtype)
 
     def normalize(self, values: th.Tensor) -> th.Tensor:
         """
