@@ -132,7 +132,11 @@ HAND_MUTANTS: dict[str, tuple[str, str, str]] = {
     ),
     "issue41/no_rollout_buffer_check": (
         "sb3_safe/common/callbacks.py",
-        "        if buffer is not None and not self.stopping and not self._watched.rollout_buffer_is_finite(buffer):\n"
+        "        if (\n"
+        "            buffer is not None\n"
+        "            and not self.stopping\n"
+        "            and not self._watched.rollout_buffer_is_finite(buffer, not self._others_may_write)\n"
+        "        ):\n"
         "            self._handle(self._locator.in_rollout_buffer(buffer))\n",
         "",
     ),

@@ -27,6 +27,8 @@ class Variant:
     :param adaptive_lr: with :class:`~sb3_safe.KLAdaptiveLRCallback` (its defaults) ("+KL-lr" in a name)
     :param target_kl: SB3's ``target_kl`` early stopping of PPO's epochs ("(target_kl=...)" in a name)
     :param sbx_lr: SBX's per-minibatch adaptive learning rate (:class:`benchmarks.peers.SBXAdaptiveLR`, "+SBX-lr")
+    :param lr_capped_at_configured: the adaptive lr's upper bound is the configured (tuned) learning rate: it may
+        lower it, never raise it ("+KL-lr(<=tuned)" in a name)
     """
 
     name: str
@@ -38,6 +40,7 @@ class Variant:
     adaptive_lr: bool = False
     target_kl: float | None = None
     sbx_lr: bool = False
+    lr_capped_at_configured: bool = False
 
 
 #: Off-policy algorithms timed with and without the guard (SB3's SAC, TD3, DQN)
@@ -88,6 +91,14 @@ VARIANTS = {
         Variant("PPO(target_kl=0.01)", "PPO", target_kl=0.01),
         Variant("PPO+SBX-lr", "PPO", sbx_lr=True),
         Variant("PPO+SafeMlpPolicy+guard+KL-lr", "PPO", safe_policy=True, guard="rollback", adaptive_lr=True),
+        Variant(
+            "PPO+SafeMlpPolicy+guard+KL-lr(<=tuned)",
+            "PPO",
+            safe_policy=True,
+            guard="rollback",
+            adaptive_lr=True,
+            lr_capped_at_configured=True,
+        ),
         Variant("KLAdaptivePPO+guard+KL-lr", "KLAdaptivePPO", guard="rollback", adaptive_lr=True),
         Variant("A2C+SafeMlpPolicy+guard", "A2C", safe_policy=True, guard="rollback"),
         Variant("A2C+SafeMlpPolicy+guard+KL-lr", "A2C", safe_policy=True, guard="rollback", adaptive_lr=True),
@@ -175,11 +186,21 @@ def build_model(variant: Variant, env: Any, seed: int, kwargs: dict[str, Any]) -
     return model
 
 
-def make_adaptive_lr(variant: Variant) -> Any:
-    """A fresh :class:`~sb3_safe.KLAdaptiveLRCallback` (its defaults) for the variant, or None."""
+def make_adaptive_lr(variant: Variant, configured_learning_rate: float | None = None) -> Any:
+    """
+    A fresh :class:`~sb3_safe.KLAdaptiveLRCallback` for the variant, or None: its defaults, or (``lr_capped_at_configured``)
+    ``lr_bounds`` from its lowest default rate to ``configured_learning_rate``.
+    """
     from sb3_safe import KLAdaptiveLRCallback
+    from sb3_safe.common.adaptive_lr import LOWEST_LEARNING_RATE
 
-    return KLAdaptiveLRCallback() if variant.adaptive_lr else None
+    if not variant.adaptive_lr:
+        return None
+    if not variant.lr_capped_at_configured:
+        return KLAdaptiveLRCallback()
+    if configured_learning_rate is None:
+        raise ValueError(f"variant {variant.name} caps the learning rate at the configured one: pass it")
+    return KLAdaptiveLRCallback(lr_bounds=(min(LOWEST_LEARNING_RATE, configured_learning_rate), configured_learning_rate))
 
 
 def make_guard(variant: Variant) -> Any:
