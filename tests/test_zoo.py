@@ -266,6 +266,7 @@ def test_sampler_extends_rl_zoo3_and_builds_the_algorithm(
     else:
         assert model.policy.logit_bound == policy_kwargs["logit_bound"]
     assert model.adaptive_lr == hyperparams["adaptive_lr"]
+    assert model.normalize_value is hyperparams["normalize_value"] is raw["normalize_value"]
 
 
 # ----- package data -----

@@ -77,6 +77,11 @@ def _sample_adaptive_lr(trial: optuna.Trial, algo: str) -> dict[str, float]:
     return {"adaptive_lr_target_kl": trial.suggest_float("adaptive_lr_target_kl", low, high, log=True)}
 
 
+def _sample_value_normalization(trial: optuna.Trial) -> dict[str, bool]:
+    # Off by default (benchmarks/results/reward_scale_full/reward_scale.md): the tuning decides where it pays
+    return {"normalize_value": trial.suggest_categorical("normalize_value", [False, True])}
+
+
 def _move_policy_bounds(hyperparams: dict[str, Any]) -> dict[str, Any]:
     # The safe policies take the bounds as policy keywords; the algorithms the adaptive lr's as `adaptive_lr`
     hyperparams = dict(hyperparams)
@@ -93,8 +98,8 @@ def _move_policy_bounds(hyperparams: dict[str, Any]) -> dict[str, Any]:
 def sample_kl_ppo_params(trial: optuna.Trial, n_actions: int, n_envs: int, additional_args: dict) -> dict[str, Any]:
     """
     Sampler for KLAdaptivePPO: rl_zoo3's PPO sampler, plus the KL target d_targ and the initial penalty
-    coefficient, the adaptive learning rate's target (``adaptive_lr``), and the policy's ``log_std_range`` (Box
-    actions) or ``logit_bound`` (discrete actions).
+    coefficient, the adaptive learning rate's target (``adaptive_lr``), ``normalize_value``, and the policy's
+    ``log_std_range`` (Box actions) or ``logit_bound`` (discrete actions).
 
     :param trial: the optuna trial
     :param n_actions: the action dimension for Box action spaces, else 0
@@ -107,13 +112,14 @@ def sample_kl_ppo_params(trial: optuna.Trial, n_actions: int, n_envs: int, addit
     hyperparams["adaptive_kl_target"] = trial.suggest_float("adaptive_kl_target", 0.003, 0.03, log=True)
     hyperparams["initial_kl_beta"] = trial.suggest_float("initial_kl_beta", 0.1, 10.0, log=True)
     bounds = _sample_policy_bounds(trial, n_actions)
-    return _move_policy_bounds({**hyperparams, **_sample_adaptive_lr(trial, "kl_ppo"), **bounds})
+    extras = {**_sample_adaptive_lr(trial, "kl_ppo"), **_sample_value_normalization(trial)}
+    return _move_policy_bounds({**hyperparams, **extras, **bounds})
 
 
 def sample_safe_a2c_params(trial: optuna.Trial, n_actions: int, n_envs: int, additional_args: dict) -> dict[str, Any]:
     """
-    Sampler for SafeA2C: rl_zoo3's A2C sampler plus the adaptive learning rate's target (``adaptive_lr``) and the
-    policy's ``log_std_range`` (Box actions) or ``logit_bound`` (discrete actions).
+    Sampler for SafeA2C: rl_zoo3's A2C sampler plus the adaptive learning rate's target (``adaptive_lr``),
+    ``normalize_value``, and the policy's ``log_std_range`` (Box actions) or ``logit_bound`` (discrete actions).
 
     :param trial: the optuna trial
     :param n_actions: the action dimension for Box action spaces, else 0
@@ -123,7 +129,8 @@ def sample_safe_a2c_params(trial: optuna.Trial, n_actions: int, n_envs: int, add
     """
     hyperparams = sample_a2c_params(trial, n_actions, n_envs, additional_args)
     bounds = _sample_policy_bounds(trial, n_actions)
-    return _move_policy_bounds({**hyperparams, **_sample_adaptive_lr(trial, "safe_a2c"), **bounds})
+    extras = {**_sample_adaptive_lr(trial, "safe_a2c"), **_sample_value_normalization(trial)}
+    return _move_policy_bounds({**hyperparams, **extras, **bounds})
 
 
 def convert_safe_params(sampled_params: dict[str, Any]) -> dict[str, Any]:
