@@ -144,7 +144,8 @@ def report(out: Path) -> None:
     expected = len(jobs(size)) if size in SCALES else len(runs)
     status = "complete" if "wall_s" in meta and len(runs) >= expected else f"partial: {len(runs)} of {expected} runs"
     lines = reports.report_header(
-        "Reward scale: rewards x 1e-4 ... 1e30, stock SB3 vs sb3-safe",
+        "Reward scale: rewards x 1e-4 ... 1e30, stock SB3 vs sb3-safe"
+        + (" (quick smoke check; the measurement: `reward_scale_full/`)" if size != "full" else ""),
         meta,
         [
             f"Size `{size}` ({status})"
