@@ -51,6 +51,8 @@ SEEDS = (0, 1, 2)
 TIMESTEPS = 1_000_000
 EVAL_EVERY = 50_000
 EVAL_EPISODES = 10
+#: The report's second statistic: the mean of a run's last evaluations
+LAST_EVALS = 5
 #: rl-zoo's published PPO results (``benchmark.md`` of rl-baselines3-zoo): task, mean, std over evaluation episodes
 ZOO_REFERENCE = {
     "Hopper-v5": ("Hopper-v3", 2410.4, 10.0),
@@ -327,6 +329,19 @@ def _finished(
     ]
 
 
+def _last_evals_mean(evals: list[dict[str, Any]]) -> float:
+    """The mean return of a run's last :data:`LAST_EVALS` evaluations."""
+    return float(np.mean([row["eval_return"] for row in evals[-LAST_EVALS:]]))
+
+
+def _probability(runs: list[float], stock: list[float]) -> str:
+    """P(a run of ``runs`` ends above a run of ``stock``) with its 95 % bootstrap CI."""
+    from benchmarks import aggregate
+
+    p, low, high = aggregate.probability_of_improvement(np.array(runs)[:, None], np.array(stock)[:, None])
+    return f"{p:.2f} [{low:.2f}, {high:.2f}]"
+
+
 def _interval(values: list[float]) -> str:
     from benchmarks import aggregate
 
@@ -338,7 +353,6 @@ def _interval(values: list[float]) -> str:
 
 def report(out: Path, timesteps: int = TIMESTEPS) -> None:
     """``full_budget.md`` and ``full_budget.png`` from the JSONL (the latest row per run and step)."""
-    from benchmarks import aggregate
 
     meta, rows = suite.read_jsonl(out / f"{SUITE}.jsonl")
     runs = _runs(rows)
@@ -356,6 +370,8 @@ def report(out: Path, timesteps: int = TIMESTEPS) -> None:
         "- Variants: **PPO**: stock SB3 PPO with rl-zoo's `ppo.yml` entry (the `-v4` one: rl-zoo has no `-v5` entries),"
         f" VecNormalize; **{STACK}** (the stack): the same hyperparameters with `SafeMlpPolicy`,"
         ' `NonFiniteGuardCallback(on_nonfinite="rollback")` and `KLAdaptiveLRCallback()` (its defaults);'
+        f" **{STACK_CAPPED}** ({', '.join(CAPPED_ENVS)}, the re-measurement where the stack lost): the stack with"
+        " `KLAdaptiveLRCallback(lr_bounds=(1e-5, tuned rate))`, which may lower rl-zoo's rate, never raise it;"
         " **KLAdaptivePPO+guard** (Hopper-v5, the earlier run set): `sb3_safe/zoo_configs/kl_ppo.yml`, guard in"
         f" rollback mode; **{CROSSCHECK}**: stock PPO trained by rl-zoo's own `train` (seed {CROSSCHECK_SEED}, rl-zoo's"
         " EvalCallback, same protocol), the harness's cross-check.",
@@ -363,8 +379,10 @@ def report(out: Path, timesteps: int = TIMESTEPS) -> None:
         "",
         "## Result per task (finished runs)",
         "",
-        "IQM over seeds with its 95 % stratified bootstrap CI; P(stack > stock): the probability that a stack run ends"
-        " above a stock run (0.5: no difference), with its CI.",
+        "IQM over seeds with its 95 % stratified bootstrap CI; P(> stock PPO): the probability that a run of the"
+        " variant ends above a stock run (0.5: no difference), with its CI. Final: the last evaluation (10 episodes);"
+        f" last {LAST_EVALS}: the mean of a run's last {LAST_EVALS} evaluations (its last"
+        f" {LAST_EVALS * EVAL_EVERY:,} steps), less at the mercy of one evaluation's falls.",
         "",
     ]
     result_rows = []
@@ -375,13 +393,12 @@ def report(out: Path, timesteps: int = TIMESTEPS) -> None:
             if not finished:
                 continue
             final = [evals[-1]["eval_return"] for evals in finished]
+            last = [_last_evals_mean(evals) for evals in finished]
             best = [max(row["eval_return"] for row in evals) for evals in finished]
-            comparison = "-"
+            comparison, comparison_last = "-", "-"
             if variant != "PPO" and len(finished) >= 2 and len(stock) >= 2:
-                p, low, high = aggregate.probability_of_improvement(
-                    np.array(final)[:, None], np.array([evals[-1]["eval_return"] for evals in stock])[:, None]
-                )
-                comparison = f"{p:.2f} [{low:.2f}, {high:.2f}]"
+                comparison = _probability(final, [evals[-1]["eval_return"] for evals in stock])
+                comparison_last = _probability(last, [_last_evals_mean(evals) for evals in stock])
             reference = ZOO_REFERENCE[env_id]
             result_rows.append(
                 [
@@ -389,13 +406,26 @@ def report(out: Path, timesteps: int = TIMESTEPS) -> None:
                     variant,
                     len(finished),
                     _interval(final),
+                    _interval(last),
                     _interval(best),
                     comparison,
+                    comparison_last,
                     f"{reference[1]:.0f} +- {reference[2]:.0f} ({reference[0]})" if variant == "PPO" else "",
                 ]
             )
     lines += reports.table(
-        ["task", "variant", "runs", "final return IQM", "best return IQM", "P(> stock PPO)", "rl-zoo PPO"], result_rows
+        [
+            "task",
+            "variant",
+            "runs",
+            "final return IQM",
+            f"last {LAST_EVALS} IQM",
+            "best return IQM",
+            "P(> stock PPO), final",
+            f"P(> stock PPO), last {LAST_EVALS}",
+            "rl-zoo PPO",
+        ],
+        result_rows,
     )
     lines += ["", "## Every run", ""]
     table_rows = []
@@ -415,9 +445,9 @@ def report(out: Path, timesteps: int = TIMESTEPS) -> None:
                 f"{last['eval_return']:.0f}",
                 f"{max(row['eval_return'] for row in evals):.0f}",
                 f"{first_rate:.3g}: {min(rates):.3g} to {max(rates):.3g}, last {last['learning_rate']:.3g}"
-                if rates and isinstance(first_rate, float) and variant == STACK
+                if rates and isinstance(first_rate, float) and variant in (STACK, STACK_CAPPED)
                 else "-",
-                _per_segment_total(evals, "redone_since_resume") if variant == STACK else "-",
+                _per_segment_total(evals, "redone_since_resume") if variant in (STACK, STACK_CAPPED) else "-",
                 last.get("guard_rollbacks") if last.get("guard_rollbacks") is not None else "-",
                 last.get("skipped_updates") if last.get("skipped_updates") is not None else "-",
                 f"{wall:.0f}" if wall else "-",
@@ -457,7 +487,13 @@ def plot(runs: dict[tuple[str, str, int], list[dict[str, Any]]], out: Path) -> N
     """Per task: evaluation return over timesteps (a line per run, a colour per variant); the stack's learning rate."""
     plt = reports.pyplot()
     figure, axes = plt.subplots(2, len(ENVS), figsize=(5 * len(ENVS), 7), sharex=True, squeeze=False)
-    colours = {"PPO": "tab:blue", STACK: "tab:orange", "KLAdaptivePPO+guard": "tab:green", CROSSCHECK: "black"}
+    colours = {
+        "PPO": "tab:blue",
+        STACK: "tab:orange",
+        STACK_CAPPED: "tab:red",
+        "KLAdaptivePPO+guard": "tab:green",
+        CROSSCHECK: "black",
+    }
     for column, env_id in enumerate(ENVS):
         returns, rates = axes[0][column], axes[1][column]
         labelled: set[str] = set()
@@ -469,14 +505,14 @@ def plot(runs: dict[tuple[str, str, int], list[dict[str, Any]]], out: Path) -> N
             labelled.add(variant)
             style = dict(color=colours.get(variant), marker=".", linewidth=1, label=label)
             returns.plot(steps, [row["eval_return"] for row in evals], **style)
-            if variant == STACK:
+            if variant in (STACK, STACK_CAPPED):
                 rates.plot(steps, [row["learning_rate"] for row in evals], **style)
         reference = ZOO_REFERENCE[env_id]
         returns.axhline(reference[1], color="grey", linestyle="--", label=f"rl-zoo PPO {reference[0]}")
         tuned = config(env_id, "PPO").kwargs["learning_rate"]
         rates.axhline(tuned, color="tab:blue", linestyle="--", label="rl-zoo's tuned rate (stock PPO)")
         returns.set(title=f"{env_id}: evaluation return (10 episodes)", ylabel="return")
-        rates.set(title="the stack's learning rate", xlabel="timesteps", ylabel="learning rate", yscale="log")
+        rates.set(title="the stacks' learning rates", xlabel="timesteps", ylabel="learning rate", yscale="log")
         returns.legend(fontsize=7)
         rates.legend(fontsize=7)
     reports.save_figure(figure, out / f"{SUITE}.png")

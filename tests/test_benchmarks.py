@@ -214,3 +214,17 @@ def test_no_stall_suite_watches_every_tuned_run_and_resumes(tmp_path: Path) -> N
     no_stall.report(tmp_path)
     report = (tmp_path / "no_stall.md").read_text()
     assert "**Stall events: 0** in 2 runs" in report and "| source | variant | runs | guard |" in report
+
+
+def test_the_capped_stack_may_lower_the_tuned_rate_never_raise_it() -> None:
+    from benchmarks import full_budget
+
+    capped = variants.VARIANTS[full_budget.STACK_CAPPED]
+    assert variants.make_adaptive_lr(capped, 5.05e-5).lr_bounds == (1e-5, 5.05e-5)
+    assert variants.make_adaptive_lr(capped, 3e-6).lr_bounds == (3e-6, 3e-6)  # a tuned rate below the default floor
+    assert variants.make_adaptive_lr(variants.VARIANTS[full_budget.STACK], 5.05e-5).lr_bounds is None  # the defaults
+    with pytest.raises(ValueError, match="configured"):
+        variants.make_adaptive_lr(capped)
+    planned = full_budget.planned_runs(list(full_budget.ENVS), list(full_budget.VARIANTS), [0])
+    assert {env for env, variant, _ in planned if variant == full_budget.STACK_CAPPED} == set(full_budget.CAPPED_ENVS)
+    assert {env for env, variant, _ in planned if variant == full_budget.STACK} == set(full_budget.ENVS)
