@@ -40,6 +40,8 @@ STACK = "PPO+SafeMlpPolicy+guard+KL-lr"
 #: The stack with the adaptive lr bounded above by the tuned rate (it may lower it, never raise it)
 STACK_CAPPED = "PPO+SafeMlpPolicy+guard+KL-lr(<=tuned)"
 VARIANTS = ("PPO", STACK, STACK_CAPPED, "KLAdaptivePPO+guard")
+#: The variants whose learning rate the adaptive lr moves (the report shows its trajectory)
+ADAPTIVE_LR_VARIANTS = (STACK, STACK_CAPPED)
 #: KLAdaptivePPO's runs (``kl_ppo.yml``) are the earlier run set, on Hopper-v5 only
 KL_PPO_ENVS = ("Hopper-v5",)
 #: The capped stack re-measures the task where the stack's raise of the tuned rate lost to stock PPO
@@ -445,9 +447,9 @@ def report(out: Path, timesteps: int = TIMESTEPS) -> None:
                 f"{last['eval_return']:.0f}",
                 f"{max(row['eval_return'] for row in evals):.0f}",
                 f"{first_rate:.3g}: {min(rates):.3g} to {max(rates):.3g}, last {last['learning_rate']:.3g}"
-                if rates and isinstance(first_rate, float) and variant in (STACK, STACK_CAPPED)
+                if rates and isinstance(first_rate, float) and variant in ADAPTIVE_LR_VARIANTS
                 else "-",
-                _per_segment_total(evals, "redone_since_resume") if variant in (STACK, STACK_CAPPED) else "-",
+                _per_segment_total(evals, "redone_since_resume") if variant in ADAPTIVE_LR_VARIANTS else "-",
                 last.get("guard_rollbacks") if last.get("guard_rollbacks") is not None else "-",
                 last.get("skipped_updates") if last.get("skipped_updates") is not None else "-",
                 f"{wall:.0f}" if wall else "-",
@@ -505,7 +507,7 @@ def plot(runs: dict[tuple[str, str, int], list[dict[str, Any]]], out: Path) -> N
             labelled.add(variant)
             style = dict(color=colours.get(variant), marker=".", linewidth=1, label=label)
             returns.plot(steps, [row["eval_return"] for row in evals], **style)
-            if variant in (STACK, STACK_CAPPED):
+            if variant in ADAPTIVE_LR_VARIANTS:
                 rates.plot(steps, [row["learning_rate"] for row in evals], **style)
         reference = ZOO_REFERENCE[env_id]
         returns.axhline(reference[1], color="grey", linestyle="--", label=f"rl-zoo PPO {reference[0]}")
