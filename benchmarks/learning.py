@@ -21,8 +21,8 @@ SUITE = "learning"
 #: (stock, safe variants...) of each family: each safe variant is compared with the stock one; "+KL-lr" adds
 #: KLAdaptiveLRCallback with its defaults (no cost where stock already works: issue 23)
 FAMILIES = {
-    "PPO": ("PPO", "KLAdaptivePPO", "KLAdaptivePPO+KL-lr"),
-    "A2C": ("A2C", "SafeA2C", "SafeA2C+KL-lr"),
+    "PPO": ("PPO", "KLAdaptivePPO", "KLAdaptivePPO+KL-lr", "KLAdaptivePPO(normalize_value)"),
+    "A2C": ("A2C", "SafeA2C", "SafeA2C+KL-lr", "SafeA2C(normalize_value)"),
     "RecurrentPPO": ("RecurrentPPO", "RecurrentPPO+SafeMlpLstmPolicy", "RecurrentPPO+SafeMlpLstmPolicy+KL-lr"),
     "MaskablePPO": ("MaskablePPO", "MaskablePPO+SafeMaskableMlpPolicy", "MaskablePPO+SafeMaskableMlpPolicy+KL-lr"),
 }

@@ -29,6 +29,8 @@ class Variant:
     :param sbx_lr: SBX's per-minibatch adaptive learning rate (:class:`benchmarks.peers.SBXAdaptiveLR`, "+SBX-lr")
     :param lr_capped_at_configured: the adaptive lr's upper bound is the configured (tuned) learning rate: it may
         lower it, never raise it ("+KL-lr(<=tuned)" in a name)
+    :param normalize_value: the safe algorithm normalizes its value targets (``normalize_value=True``; "(normalize_value)"
+        in a name)
     """
 
     name: str
@@ -41,6 +43,7 @@ class Variant:
     target_kl: float | None = None
     sbx_lr: bool = False
     lr_capped_at_configured: bool = False
+    normalize_value: bool = False
 
 
 #: Off-policy algorithms timed with and without the guard (SB3's SAC, TD3, DQN)
@@ -103,6 +106,17 @@ VARIANTS = {
         Variant("A2C+SafeMlpPolicy+guard", "A2C", safe_policy=True, guard="rollback"),
         Variant("A2C+SafeMlpPolicy+guard+KL-lr", "A2C", safe_policy=True, guard="rollback", adaptive_lr=True),
         Variant("SafeA2C+guard+KL-lr", "SafeA2C", guard="rollback", adaptive_lr=True),
+        # Value-target normalization (issue 39): is it free where the reward scale is already right?
+        Variant("KLAdaptivePPO(normalize_value)", "KLAdaptivePPO", normalize_value=True),
+        Variant("SafeA2C(normalize_value)", "SafeA2C", normalize_value=True),
+        Variant(
+            "KLAdaptivePPO+guard+KL-lr(normalize_value)",
+            "KLAdaptivePPO",
+            guard="rollback",
+            adaptive_lr=True,
+            normalize_value=True,
+        ),
+        Variant("SafeA2C+guard+KL-lr(normalize_value)", "SafeA2C", guard="rollback", adaptive_lr=True, normalize_value=True),
         Variant("RecurrentPPO(target_kl=0.01)", "RecurrentPPO", target_kl=0.01),
         Variant("RecurrentPPO+SafeMlpLstmPolicy+KL-lr", "RecurrentPPO", safe_policy=True, adaptive_lr=True),
         Variant("MaskablePPO+SafeMaskableMlpPolicy+KL-lr", "MaskablePPO", safe_policy=True, adaptive_lr=True),
@@ -174,6 +188,10 @@ def build_model(variant: Variant, env: Any, seed: int, kwargs: dict[str, Any]) -
         kwargs = {**kwargs, "policy_kwargs": {**kwargs.get("policy_kwargs", {}), "log_std_range": log_std_range}}
     if variant.target_kl is not None:
         kwargs = {**kwargs, "target_kl": variant.target_kl}
+    if variant.normalize_value:
+        if variant.algo not in ("KLAdaptivePPO", "SafeA2C"):
+            raise ValueError(f"variant {variant.name}: normalize_value is a keyword of KLAdaptivePPO and SafeA2C only")
+        kwargs = {**kwargs, "normalize_value": True}
     model = classes[variant.algo](policy, env, seed=seed, device="cpu", verbose=0, **kwargs)
     if variant.sbx_lr:
         from benchmarks.peers import SBXAdaptiveLR
