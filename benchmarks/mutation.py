@@ -186,9 +186,17 @@ EQUIVALENT: dict[str, str] = {
         " same values; only an action outside a sub-space's support given to log_prob differs (a ValueError instead"
         " of torch's indexing: an IndexError out of range, a fractional action truncated)"
     ),
-    "sb3_safe/common/adaptive_lr.py:core/NumberReplacer:59@7e8b43fdf958": (
+    "sb3_safe/common/adaptive_lr.py:core/NumberReplacer:59@36837a44f7fc": (
         "the deque of recent windows built in __init__ is never used: _on_training_start replaces it (maxlen"
         " raise_after) before any decision appends to it or reads it"
+    ),
+    "sb3_safe/common/adaptive_lr.py:core/NumberReplacer:69@36837a44f7fc": (
+        "`max(0, ceil(MEASURED_SAMPLES / rollout_size))` is `max(1, ...)`: both are positive, so the ceiling is at least 1"
+    ),
+    "sb3_safe/common/adaptive_lr.py:core/ReplaceOrWithAnd:13@36837a44f7fc": (
+        "the batch recorder is armed at each measured update, which clears `recorded` and `_batch`: a recording made"
+        " while unarmed (the mutant's) is cleared before any update reads it, and no step comes armed without a batch"
+        " (every train() reads the buffer before it steps)"
     ),
 }
 

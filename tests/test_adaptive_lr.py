@@ -1,5 +1,6 @@
 """KLAdaptiveLRCallback: the rule, the rollout KL it adapts on, the trust region, and how it composes with the guard."""
 
+import dataclasses
 import math
 from collections.abc import Callable
 from typing import Any
@@ -295,6 +296,67 @@ def test_a_raise_waits_for_raise_after_decisions_in_a_row_below_the_band(raise_a
         assert factors[i] == pytest.approx(learning_rate_factor(highest, 0.5, callback.tolerance, callback.max_step))
 
 
+def test_a_lowering_acts_at_the_first_window_above_the_band() -> None:
+    """Promise: a window whose KL is above the band lowers the learning rate at once (no waiting, unlike a raise)."""
+    model = PPO("MlpPolicy", "CartPole-v1", n_steps=16, batch_size=16, learning_rate=1e-3, seed=0)
+    # every KL far above the target, none undone; bounds the rate never reaches
+    callback = KLAdaptiveLRCallback(target_kl=1e-9, undo_above=1e12, raise_after=3, window_steps=16, lr_bounds=(1e-15, 1.0))
+    model.learn(16 * 4, callback=callback)
+    assert len(callback.decisions) == 4 and callback.redone_updates == 0
+    for kl, factor in callback.decisions:
+        assert factor < 1.0
+        assert factor == pytest.approx(learning_rate_factor(kl, 1e-9, callback.tolerance, callback.max_step))
+
+
+def test_a_raise_never_moves_the_scale_where_the_rate_is_held_at_the_upper_bound() -> None:
+    """
+    Promise: a decision moves the saved scale only as far as the rate in use can follow: a raise where the schedule
+    lies above the upper bound (the rate in use is the bound) leaves the scale at 1, not lowered to the bound.
+    """
+    model = PPO("MlpPolicy", "CartPole-v1", n_steps=16, batch_size=16, learning_rate=0.1, seed=0)
+    callback = KLAdaptiveLRCallback(target_kl=10.0, raise_after=1, window_steps=16, lr_bounds=(1e-5, 1e-3))
+    model.learn(16 * 3, callback=callback)
+    assert len(callback.decisions) == 3
+    assert [factor for _, factor in callback.decisions] == [1.0, 1.0, 1.0]
+    assert learning_rate_scale(model) == 1.0
+    assert [learning_rate for _, learning_rate in callback.history] == [1e-3] * 3
+
+
+@pytest.mark.parametrize("verbose", [0, 1])
+def test_an_update_is_redone_up_to_max_redos_times_and_verbose_says_each(
+    verbose: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Promise: an update still above ``undo_above`` x target after a redo is redone again, ``max_redos`` times at most."""
+    model = PPO("MlpPolicy", "CartPole-v1", n_steps=16, batch_size=16, learning_rate=1e-3, seed=0)
+    # a target no update meets, bounds the rate never reaches: every update redone max_redos times
+    callback = KLAdaptiveLRCallback(
+        target_kl=1e-30, undo_above=2.0, max_redos=3, window_steps=10**9, lr_bounds=(1e-30, 1.0), verbose=verbose
+    )
+    model.learn(16 * 2, callback=callback)
+    assert callback.redone_updates == 3 * 2
+    said = [line for line in capsys.readouterr().out.splitlines() if "update redone" in line]
+    assert len(said) == (callback.redone_updates if verbose else 0)
+
+
+def test_the_callback_changes_nothing_where_it_neither_redoes_nor_decides() -> None:
+    """
+    Promise: measuring is free of side effects: with no redo and no decision (a window longer than the run) training
+    is the same as without the callback, gSDE's exploration noise included.
+    """
+    runs = []
+    for callbacks in ([], [KLAdaptiveLRCallback(undo_above=1e12, window_steps=10**9, lr_bounds=(1e-12, 1.0))]):
+        model = PPO("MlpPolicy", "Pendulum-v1", n_steps=32, batch_size=32, use_sde=True, seed=0, device="cpu")
+        model.learn(32 * 3, callback=callbacks)
+        runs.append(th.nn.utils.parameters_to_vector(model.policy.parameters()).detach())
+    assert th.equal(runs[0], runs[1])
+
+
+def test_the_targets_of_a_kind_of_algorithm_are_constants() -> None:
+    """Promise: the measured defaults (``KLTargets``) cannot be changed by accident through one callback's targets."""
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        PPO_STYLE.target_kl = 1.0  # type: ignore[misc]
+
+
 def test_a_redone_update_is_the_kept_one_and_the_next_rollout_is_collected_normally() -> None:
     model = A2C("MlpPolicy", "CartPole-v1", n_steps=16, learning_rate=5e-3, seed=0)
     callback = KLAdaptiveLRCallback(target_kl=1e-5, undo_above=2.0, max_redos=2)
@@ -364,12 +426,17 @@ def test_an_undone_update_restores_the_state_before_it(
         assert all(th.equal(after_restore[key], expected[key]) for key in expected)
 
 
+@pytest.mark.parametrize("max_step", [2.0, 20.0])
 @pytest.mark.parametrize("algorithm", [A2C, PPO])
-def test_a_redo_cut_holds_for_the_next_updates_only_where_the_kind_keeps_it(algorithm: type[BaseAlgorithm]) -> None:
+def test_a_redo_cut_holds_for_the_next_updates_only_where_the_kind_keeps_it(
+    algorithm: type[BaseAlgorithm], max_step: float
+) -> None:
     batch_size = dict(batch_size=16) if algorithm is PPO else {}
     model = algorithm("MlpPolicy", "CartPole-v1", n_steps=16, learning_rate=5e-3, seed=0, **batch_size)
     # updates overshoot 2 x 1e-5 and are redone once; no decision on a window; bounds the rate never reaches
-    callback = KLAdaptiveLRCallback(target_kl=1e-5, undo_above=2.0, max_redos=1, window_steps=10**9, lr_bounds=(1e-12, 1.0))
+    callback = KLAdaptiveLRCallback(
+        target_kl=1e-5, undo_above=2.0, max_redos=1, window_steps=10**9, lr_bounds=(1e-12, 1.0), max_step=max_step
+    )
     rates = AtRolloutEnd(current_learning_rate)
     model.learn(16 * 5, callback=[callback, rates])
     starts = rates.values
@@ -382,7 +449,9 @@ def test_a_redo_cut_holds_for_the_next_updates_only_where_the_kind_keeps_it(algo
             assert next_start == start
             continue
         assert used <= start * 0.5 * (1 + 1e-9)  # the redo's cut: by 2 at least
-        assert next_start == pytest.approx(used if keeps else start / callback.max_step)
+        # A2C-style: the rate before the redo divided by max_step, never below the redo's (max_step 20: a cut of at
+        # least 0.1 lowers less than it)
+        assert next_start == pytest.approx(used if keeps else max(used, start / max_step))
 
 
 def test_learning_rate_scale_is_saved_with_the_model(tmp_path: Any) -> None:

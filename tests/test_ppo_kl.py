@@ -83,6 +83,9 @@ def test_adapt_kl_beta_follows_paper_rule() -> None:
     assert adapt_kl_beta(1.0, 0.001, 0.01, 1.5, 2.0, bounds) == 0.5
     assert adapt_kl_beta(1.0, 0.1, 0.01, 1.5, 2.0, bounds) == 2.0
     assert adapt_kl_beta(1.0, 0.012, 0.01, 1.5, 2.0, bounds) == 1.0
+    # The band [target / tolerance, target * tolerance] keeps beta, its ends included (strict inequalities)
+    assert adapt_kl_beta(1.0, 0.01 / 1.5, 0.01, 1.5, 2.0, bounds) == 1.0
+    assert adapt_kl_beta(1.0, 0.01 * 1.5, 0.01, 1.5, 2.0, bounds) == 1.0
     assert adapt_kl_beta(1.0, math.nan, 0.01, 1.5, 2.0, bounds) == 1.0
     assert adapt_kl_beta(800.0, 1.0, 0.01, 1.5, 2.0, bounds) == 1e3
     assert adapt_kl_beta(1.5e-4, 0.0, 0.01, 1.5, 2.0, bounds) == 1e-4

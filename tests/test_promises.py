@@ -5,6 +5,7 @@ Each test names its promise; the mutants of the library that it kills (measured 
 hand for the four survivors of issue 41) are in benchmarks/results/mutation.md.
 """
 
+import inspect
 import math
 
 import gymnasium as gym
@@ -12,13 +13,14 @@ import numpy as np
 import pytest
 import torch as th
 from gymnasium import spaces
-from stable_baselines3 import PPO
+from stable_baselines3 import A2C, PPO
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
 
-from sb3_safe import KLAdaptivePPO, NonFiniteGuardCallback
+from sb3_safe import KLAdaptivePPO, NonFiniteGuardCallback, SafeA2C
 from sb3_safe.common.distributions import DEFAULT_LOGIT_BOUND, SafeMultiCategoricalDistribution, min_action_probability
 from sb3_safe.common.guard.locate import ROLLOUT
+from sb3_safe.common.policies import SafeActorCriticPolicy
 
 # ----- safe logits -----
 
@@ -152,3 +154,76 @@ def test_a_nonfinite_return_is_named_as_rollout_data_and_stops_in_rollback_mode(
     # stopped before the second update (at the next env step): the first one is the healthy state kept
     assert model._n_updates == 1 and model.num_timesteps < 3 * n_steps
     assert all(th.isfinite(param).all() for param in model.policy.parameters())
+
+
+# ----- drop-in replacements -----
+
+
+@pytest.mark.parametrize(("safe_class", "stock_class"), [(KLAdaptivePPO, PPO), (SafeA2C, A2C)])
+def test_the_safe_algorithms_default_to_sb3s_settings(safe_class: type, stock_class: type) -> None:
+    """
+    Promise: ``KLAdaptivePPO`` and ``SafeA2C`` are drop-in replacements: every argument they share with SB3's PPO / A2C
+    has SB3's default (a user who swaps the class keeps rl-zoo's and SB3's tuning).
+    """
+    safe = inspect.signature(safe_class.__init__).parameters
+    stock = inspect.signature(stock_class.__init__).parameters
+    shared = set(safe) & set(stock) - {"self", "policy", "env"}
+    assert len(shared) > 15
+    assert {name: safe[name].default for name in shared} == {name: stock[name].default for name in shared}
+
+
+def _early_stops(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith("Early stopping")]
+
+
+def test_kl_adaptive_ppo_at_a_negligible_beta_takes_ppos_steps(capsys: pytest.CaptureFixture[str]) -> None:
+    """
+    Promise: KLAdaptivePPO's loss is PPO's clipped surrogate (ratio ``exp(log_prob - old_log_prob)``, clipped to
+    ``[1 - eps, 1 + eps]``) plus the KL penalty, with SB3's entropy and value terms and early stopping: at a negligible
+    beta it takes the steps of SB3's PPO with the same policy, seed and (default) settings.
+    """
+    models, logs, steps = [], [], []
+    for algo, kwargs in ((PPO, {}), (KLAdaptivePPO, dict(initial_kl_beta=1e-30, kl_beta_bounds=(1e-30, 1e-30)))):
+        # Built just before it learns: the seed is global, a second construction would reseed the first one's rollout
+        model = algo(
+            SafeActorCriticPolicy,
+            "Pendulum-v1",
+            n_steps=128,
+            batch_size=64,
+            ent_coef=0.01,
+            target_kl=0.002,
+            seed=3,
+            device="cpu",
+            verbose=1,
+            **kwargs,
+        )
+        # One update phase: later ones would compare rollouts that rounding (1e-10 here) has made differ
+        model.learn(128)
+        models.append(model)
+        logs.append(dict(model.logger.name_to_value))
+        steps.append(_early_stops(capsys.readouterr().out))
+    stock, safe = models
+    for (name, stock_parameter), safe_parameter in zip(stock.policy.named_parameters(), safe.policy.parameters(), strict=True):
+        th.testing.assert_close(safe_parameter, stock_parameter, rtol=1e-5, atol=1e-7, msg=name)
+    for key in ("train/entropy_loss", "train/policy_gradient_loss", "train/value_loss", "train/clip_fraction"):
+        assert logs[1][key] == pytest.approx(logs[0][key], rel=1e-4, abs=1e-6), key
+    # verbose=1 says where the KL stopped the epochs, as SB3's PPO does
+    assert steps[0] and steps[1] == steps[0]
+
+
+def test_safe_a2c_takes_a2cs_steps() -> None:
+    """
+    Promise: SafeA2C's loss is A2C's (policy gradient, the entropy of the action distribution, the value loss; SB3's
+    default settings): with the same policy and seed it takes A2C's steps where nothing is non-finite.
+    """
+    models, logs = [], []
+    for algo in (A2C, SafeA2C):
+        model = algo(SafeActorCriticPolicy, "Pendulum-v1", ent_coef=0.01, seed=3, device="cpu")
+        model.learn(50)
+        models.append(model)
+        logs.append(dict(model.logger.name_to_value))
+    stock, safe = models
+    for (name, stock_parameter), safe_parameter in zip(stock.policy.named_parameters(), safe.policy.parameters(), strict=True):
+        th.testing.assert_close(safe_parameter, stock_parameter, rtol=1e-4, atol=1e-5, msg=name)
+    for key in ("train/entropy_loss", "train/policy_loss", "train/value_loss"):
+        assert logs[1][key] == pytest.approx(logs[0][key], rel=1e-4, abs=1e-6), key

@@ -131,7 +131,7 @@ class KLAdaptiveLRCallback(BaseCallback):
       ``rollback_attributes``, update and skip counts restored, as the guard's rollback does) and redone on the same
       rollout with the learning rate times ``clip(sqrt(target / KL), 0.1, 0.5)``, at most ``max_redos`` times (not
       at the lowest learning rate: the redo would train at the same one); the next updates run at that rate
-      (PPO-style) or at the rate before the redo divided by ``max_step`` (A2C-style);
+      (PPO-style) or at the rate before the redo divided by ``max_step``, never below the redo's (A2C-style);
     - once ``window_steps`` environment steps have passed since the last decision, the learning rate is multiplied
       by :func:`learning_rate_factor` of the mean KL per update over them (PPO's rollouts of 2,048 steps or more:
       every update; A2C's of 40: every 52 updates, whose single KLs are mostly noise); a raise waits for
@@ -374,7 +374,8 @@ class KLAdaptiveLRCallback(BaseCallback):
                 if model.use_sde:
                     model.policy.reset_noise(model.env.num_envs if model.env is not None else 1)
             if not self.targets.keep_redo_rate and learning_rate > 0.0:
-                # The cut holds for that update only: the next ones run at the rate before it divided by max_step
+                # The cut holds for that update only: the next ones run at the rate before it divided by max_step,
+                # or at the redo's where that is higher (a max_step above 2: a cut of 0.5 lowers less than it)
                 self._scale(max(1.0, first_rate / (self.max_step * learning_rate)))
         if kl is None:
             return
