@@ -29,8 +29,8 @@ class Variant:
     :param sbx_lr: SBX's per-minibatch adaptive learning rate (:class:`benchmarks.peers.SBXAdaptiveLR`, "+SBX-lr")
     :param lr_capped_at_configured: the adaptive lr's upper bound is the configured (tuned) learning rate: it may
         lower it, never raise it ("+KL-lr(<=tuned)" in a name)
-    :param normalize_value: the safe algorithm normalizes its value targets (``normalize_value=True``; "(normalize_value)"
-        in a name)
+    :param normalize_value: the safe algorithm's ``normalize_value`` ("(normalize_value)" in a name: True); None: its
+        default (KLAdaptivePPO's is True since issue 39's measurement: its rows in results before that ran with False)
     """
 
     name: str
@@ -43,9 +43,11 @@ class Variant:
     target_kl: float | None = None
     sbx_lr: bool = False
     lr_capped_at_configured: bool = False
-    normalize_value: bool = False
+    normalize_value: bool | None = None
 
 
+#: sb3-safe's algorithm classes (the others are SB3's or sb3-contrib's)
+SAFE_ALGORITHMS = ("KLAdaptivePPO", "SafeA2C")
 #: Off-policy algorithms timed with and without the guard (SB3's SAC, TD3, DQN)
 OFF_POLICY = ("SAC", "TD3", "DQN")
 VARIANTS = {
@@ -188,10 +190,10 @@ def build_model(variant: Variant, env: Any, seed: int, kwargs: dict[str, Any]) -
         kwargs = {**kwargs, "policy_kwargs": {**kwargs.get("policy_kwargs", {}), "log_std_range": log_std_range}}
     if variant.target_kl is not None:
         kwargs = {**kwargs, "target_kl": variant.target_kl}
-    if variant.normalize_value:
-        if variant.algo not in ("KLAdaptivePPO", "SafeA2C"):
+    if variant.normalize_value is not None:
+        if variant.algo not in SAFE_ALGORITHMS:
             raise ValueError(f"variant {variant.name}: normalize_value is a keyword of KLAdaptivePPO and SafeA2C only")
-        kwargs = {**kwargs, "normalize_value": True}
+        kwargs = {**kwargs, "normalize_value": variant.normalize_value}
     model = classes[variant.algo](policy, env, seed=seed, device="cpu", verbose=0, **kwargs)
     if variant.sbx_lr:
         from benchmarks.peers import SBXAdaptiveLR

@@ -180,10 +180,12 @@ def test_kl_adaptive_ppo_at_a_negligible_beta_takes_ppos_steps(capsys: pytest.Ca
     """
     Promise: KLAdaptivePPO's loss is PPO's clipped surrogate (ratio ``exp(log_prob - old_log_prob)``, clipped to
     ``[1 - eps, 1 + eps]``) plus the KL penalty, with SB3's entropy and value terms and early stopping: at a negligible
-    beta it takes the steps of SB3's PPO with the same policy, seed and (default) settings.
+    beta, with SB3's critic (``normalize_value=False``), it takes the steps of SB3's PPO with the same policy, seed and
+    (default) settings.
     """
     models, logs, steps = [], [], []
-    for algo, kwargs in ((PPO, {}), (KLAdaptivePPO, dict(initial_kl_beta=1e-30, kl_beta_bounds=(1e-30, 1e-30)))):
+    negligible_beta = dict(initial_kl_beta=1e-30, kl_beta_bounds=(1e-30, 1e-30), normalize_value=False)
+    for algo, kwargs in ((PPO, {}), (KLAdaptivePPO, negligible_beta)):
         # Built just before it learns: the seed is global, a second construction would reseed the first one's rollout
         model = algo(
             SafeActorCriticPolicy,
