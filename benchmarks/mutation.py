@@ -190,6 +190,10 @@ EQUIVALENT: dict[str, str] = {
         "the deque of recent windows built in __init__ is never used: _on_training_start replaces it (maxlen"
         " raise_after) before any decision appends to it or reads it"
     ),
+    "sb3_safe/ppo_kl/ppo_kl.py:core/RemoveDecorator:1@ed45d85562e1": (
+        "`@th.no_grad()` on _rollout_kl only spares building an autograd graph nobody backpropagates: the KL it"
+        " returns is the same float"
+    ),
     "sb3_safe/common/adaptive_lr.py:core/NumberReplacer:69@36837a44f7fc": (
         "`max(0, ceil(MEASURED_SAMPLES / rollout_size))` is `max(1, ...)`: both are positive, so the ceiling is at least 1"
     ),

@@ -17,7 +17,7 @@ import numpy as np
 
 from benchmarks import aggregate, configs, reports, suite, training
 from benchmarks.stress import ScaleReward
-from benchmarks.variants import SAFE_ALGORITHMS, VARIANTS
+from benchmarks.variants import SAFE_ALGORITHM_CLASSES, VARIANTS
 
 SUITE = "reward_scale"
 SCALES = {
@@ -99,7 +99,7 @@ def run_job(job: Job) -> list[dict[str, Any]]:
     family, env_id, label, scale, seed, timesteps, episodes, size = job
     _, variant, vec_normalize, normalize_value = next(setting for setting in SETTINGS[family] if setting[0] == label)
     overrides = dict(OVERRIDES[size].get(family, {}))
-    if VARIANTS[variant].algo in SAFE_ALGORITHMS:  # explicit: KLAdaptivePPO's default changed after the map ran
+    if VARIANTS[variant].algo in SAFE_ALGORITHM_CLASSES:  # explicit: the map's rows do not rest on a default
         overrides["normalize_value"] = normalize_value
     config = configs.family_config(family, env_id, **overrides)
     config.normalize = config.normalize or vec_normalize

@@ -30,7 +30,7 @@ class Variant:
     :param lr_capped_at_configured: the adaptive lr's upper bound is the configured (tuned) learning rate: it may
         lower it, never raise it ("+KL-lr(<=tuned)" in a name)
     :param normalize_value: the safe algorithm's ``normalize_value`` ("(normalize_value)" in a name: True); None: its
-        default (KLAdaptivePPO's is True since issue 39's measurement: its rows in results before that ran with False)
+        default
     """
 
     name: str
@@ -47,7 +47,7 @@ class Variant:
 
 
 #: sb3-safe's algorithm classes (the others are SB3's or sb3-contrib's)
-SAFE_ALGORITHMS = ("KLAdaptivePPO", "SafeA2C")
+SAFE_ALGORITHM_CLASSES = ("KLAdaptivePPO", "SafeA2C")
 #: Off-policy algorithms timed with and without the guard (SB3's SAC, TD3, DQN)
 OFF_POLICY = ("SAC", "TD3", "DQN")
 VARIANTS = {
@@ -111,14 +111,6 @@ VARIANTS = {
         # Value-target normalization (issue 39): is it free where the reward scale is already right?
         Variant("KLAdaptivePPO(normalize_value)", "KLAdaptivePPO", normalize_value=True),
         Variant("SafeA2C(normalize_value)", "SafeA2C", normalize_value=True),
-        Variant(
-            "KLAdaptivePPO+guard+KL-lr(normalize_value)",
-            "KLAdaptivePPO",
-            guard="rollback",
-            adaptive_lr=True,
-            normalize_value=True,
-        ),
-        Variant("SafeA2C+guard+KL-lr(normalize_value)", "SafeA2C", guard="rollback", adaptive_lr=True, normalize_value=True),
         Variant("RecurrentPPO(target_kl=0.01)", "RecurrentPPO", target_kl=0.01),
         Variant("RecurrentPPO+SafeMlpLstmPolicy+KL-lr", "RecurrentPPO", safe_policy=True, adaptive_lr=True),
         Variant("MaskablePPO+SafeMaskableMlpPolicy+KL-lr", "MaskablePPO", safe_policy=True, adaptive_lr=True),
@@ -191,7 +183,7 @@ def build_model(variant: Variant, env: Any, seed: int, kwargs: dict[str, Any]) -
     if variant.target_kl is not None:
         kwargs = {**kwargs, "target_kl": variant.target_kl}
     if variant.normalize_value is not None:
-        if variant.algo not in SAFE_ALGORITHMS:
+        if variant.algo not in SAFE_ALGORITHM_CLASSES:
             raise ValueError(f"variant {variant.name}: normalize_value is a keyword of KLAdaptivePPO and SafeA2C only")
         kwargs = {**kwargs, "normalize_value": variant.normalize_value}
     model = classes[variant.algo](policy, env, seed=seed, device="cpu", verbose=0, **kwargs)

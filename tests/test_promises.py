@@ -176,6 +176,15 @@ def _early_stops(text: str) -> list[str]:
     return [line for line in text.splitlines() if line.startswith("Early stopping")]
 
 
+def _assert_same_training(models: list, logs: list[dict], keys: tuple[str, ...], rtol: float, atol: float) -> None:
+    """The stock and the safe model (in that order) hold the same parameters and logged the same ``keys``."""
+    stock, safe = models
+    for (name, stock_parameter), safe_parameter in zip(stock.policy.named_parameters(), safe.policy.parameters(), strict=True):
+        th.testing.assert_close(safe_parameter, stock_parameter, rtol=rtol, atol=atol, msg=name)
+    for key in keys:
+        assert logs[1][key] == pytest.approx(logs[0][key], rel=1e-4, abs=1e-6), key
+
+
 def test_kl_adaptive_ppo_at_a_negligible_beta_takes_ppos_steps(capsys: pytest.CaptureFixture[str]) -> None:
     """
     Promise: KLAdaptivePPO's loss is PPO's clipped surrogate (ratio ``exp(log_prob - old_log_prob)``, clipped to
@@ -204,11 +213,8 @@ def test_kl_adaptive_ppo_at_a_negligible_beta_takes_ppos_steps(capsys: pytest.Ca
         models.append(model)
         logs.append(dict(model.logger.name_to_value))
         steps.append(_early_stops(capsys.readouterr().out))
-    stock, safe = models
-    for (name, stock_parameter), safe_parameter in zip(stock.policy.named_parameters(), safe.policy.parameters(), strict=True):
-        th.testing.assert_close(safe_parameter, stock_parameter, rtol=1e-5, atol=1e-7, msg=name)
-    for key in ("train/entropy_loss", "train/policy_gradient_loss", "train/value_loss", "train/clip_fraction"):
-        assert logs[1][key] == pytest.approx(logs[0][key], rel=1e-4, abs=1e-6), key
+    keys = ("train/entropy_loss", "train/policy_gradient_loss", "train/value_loss", "train/clip_fraction")
+    _assert_same_training(models, logs, keys, rtol=1e-5, atol=1e-7)
     # verbose=1 says where the KL stopped the epochs, as SB3's PPO does
     assert steps[0] and steps[1] == steps[0]
 
@@ -224,8 +230,4 @@ def test_safe_a2c_takes_a2cs_steps() -> None:
         model.learn(50)
         models.append(model)
         logs.append(dict(model.logger.name_to_value))
-    stock, safe = models
-    for (name, stock_parameter), safe_parameter in zip(stock.policy.named_parameters(), safe.policy.parameters(), strict=True):
-        th.testing.assert_close(safe_parameter, stock_parameter, rtol=1e-4, atol=1e-5, msg=name)
-    for key in ("train/entropy_loss", "train/policy_loss", "train/value_loss"):
-        assert logs[1][key] == pytest.approx(logs[0][key], rel=1e-4, abs=1e-6), key
+    _assert_same_training(models, logs, ("train/entropy_loss", "train/policy_loss", "train/value_loss"), rtol=1e-4, atol=1e-5)
