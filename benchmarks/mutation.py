@@ -159,9 +159,37 @@ EQUIVALENT: dict[str, str] = {
         "the default `lr_scale` is never read: its one reader is a rollback, whose store is restorable, and capture()"
         " sets it on every restorable snapshot before commit(); a non-restorable one (raise mode) is never restored"
     ),
-    "sb3_safe/common/supervisor.py:core/RemoveDecorator:0@5c2aeac99324": (
+    "sb3_safe/common/supervisor.py:core/RemoveDecorator:0@c12fe12d5480": (
         "`Guard` is a typing Protocol (not runtime-checkable, never in isinstance): its `stopping` member is read only on"
         " the guards, whose own `stopping` is a property; the Protocol's body never runs"
+    ),
+    "sb3_safe/common/guard/snapshot.py:core/NumberReplacer:3@42e79fa34e77": (
+        "the default `lr_scale` is never read (as for 2.0): capture() sets it on every restorable snapshot before"
+        " commit(), and only a restorable one is rolled back to"
+    ),
+    "sb3_safe/common/guard/snapshot.py:core/ReplaceTrueWithFalse:0@42e79fa34e77": (
+        "capture()'s default `restorable` is never read: its one caller, SnapshotStore.commit, passes it"
+    ),
+    "sb3_safe/common/guard/snapshot.py:core/ReplaceFalseWithTrue:0@42e79fa34e77": (
+        "capture()'s default `lean` is never read: its one caller, SnapshotStore.commit, passes it"
+    ),
+    "sb3_safe/common/guard/snapshot.py:core/ReplaceTrueWithFalse:1@42e79fa34e77": (
+        "the three zipped lists always have the same length: capture() builds the states and groups from the same"
+        " `watched.optimizers` list restore() zips them with, fixed when the WatchedModel is built"
+    ),
+    "sb3_safe/common/guard/snapshot.py:core/ReplaceTrueWithFalse:2@42e79fa34e77": (
+        "a snapshot's groups are copied from the same optimizer and nothing in SB3, sb3-contrib or sb3-safe adds a"
+        " param group during learn(): the lengths are equal, `strict` only guards against such an addition"
+    ),
+    "sb3_safe/common/supervisor.py:core/ReplaceFalseWithTrue:0@c12fe12d5480": (
+        "`restored` is read only after rollout_end(), which sets it to False first (after_update and judge_update)"
+    ),
+    "sb3_safe/common/supervisor.py:core/ReplaceFalseWithTrue:1@c12fe12d5480": (
+        "`restored` is read only after rollout_end(), which sets it to False first (after_update and judge_update)"
+    ),
+    "sb3_safe/common/supervisor.py:core/ReplaceContinueWithBreak:0@c12fe12d5480": (
+        "in every algorithm SB3, sb3-contrib and sb3-safe ship the schedules read are callable but `clip_range_vf`"
+        " (PPO's family, the last name looped over), so no callable schedule follows a skipped one"
     ),
     "sb3_safe/doctor/pickles.py:core/NumberReplacer:22@9c160def3685": (
         "`name.split('/', 2)[0]` is `name.split('/', 1)[0]` for every string: the first part ends at the first '/'"

@@ -587,6 +587,35 @@ def test_rollback_restores_the_optimizer_hyperparameters_but_not_the_learning_ra
     assert optimizer.param_groups[0]["lr"] == pytest.approx(0.5 * 3e-4)
 
 
+def test_rollback_restores_the_optimizer_state_of_the_last_healthy_state() -> None:
+    """
+    Promise: a rollback restores each optimizer's state (Adam's step counts and moments) as it was at the last healthy
+    state: not the failed update's, and not an empty state, which would restart Adam's moments and bias correction.
+    """
+    model = small_ppo()
+    optimizer = model.policy.optimizer
+    fail_the_second_update(model)
+    failing_train, after_each_update = model.train, []
+
+    def train_and_record() -> None:
+        failing_train()
+        state = optimizer.state_dict()["state"]
+        after_each_update.append({index: {k: v.clone() for k, v in entry.items()} for index, entry in state.items()})
+
+    model.train = train_and_record  # type: ignore[method-assign]
+    guard = NonFiniteGuardCallback(on_nonfinite="rollback")
+    with pytest.warns(NonFiniteGuardWarning, match="Rolled back to the state of timestep 32"):
+        model.learn(64, callback=guard)  # the second and last update fails: the model ends rolled back to the first
+
+    assert guard.n_rollbacks == 1 and len(after_each_update) == 2
+    healthy, restored = after_each_update[0], optimizer.state_dict()["state"]
+    assert healthy and restored.keys() == healthy.keys()
+    for index, entry in healthy.items():
+        assert restored[index].keys() == entry.keys()
+        assert all(th.equal(restored[index][key], value) for key, value in entry.items())
+    assert not th.equal(after_each_update[1][0]["exp_avg"], healthy[0]["exp_avg"])  # the failed update changed it
+
+
 def test_a_restored_state_reports_no_gradient_norm_until_an_update_makes_one() -> None:
     """
     Promise: a restore drops the gradients of the failed step, as if no backward pass had run, so that a report never

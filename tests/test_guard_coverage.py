@@ -192,6 +192,48 @@ def test_nan_first_observation_raises_naming_it_and_never_reaches_the_replay_buf
     assert guard.stop_reason is not None and "environment data cannot be rolled back" in guard.stop_reason.lower()
 
 
+def test_nan_first_observation_under_vecnormalize_is_blamed_on_the_environment() -> None:
+    """
+    Promise: a NaN the environment's reset() returned is the environment's fault, also under VecNormalize, whose
+    statistics have absorbed it by then: the raw observation is named first, then the statistics it spoiled.
+    """
+    env = VecNormalize(DummyVecEnv([lambda: BlowUpEnv(nan_at_reset=True)]))
+    model = PPO("MlpPolicy", env, n_steps=16, batch_size=16, policy_kwargs=dict(net_arch=[8]), seed=0)
+    guard = NonFiniteGuardCallback()
+    with pytest.raises(NonFiniteError, match="The environment produced it"):
+        model.learn(32, callback=guard)
+
+    [event] = guard.events
+    assert event.source == "environment" and "first observation" in event.phase
+    assert [bad.name for bad in event.nonfinite] == [
+        "observation of env 0",
+        "VecNormalize obs_rms.mean",
+        "VecNormalize obs_rms.var",
+    ]
+
+
+def test_a_first_observation_spoiled_by_nonfinite_vecnormalize_statistics_is_named_as_normalized() -> None:
+    """
+    Promise: when the environment's first observation is finite but its normalization is not (VecNormalize statistics
+    broken before learn(), e.g. loaded so), the fault is the normalization's, and the message names the statistics
+    and the non-finite normalized observation, never the environment.
+    """
+    env = VecNormalize(DummyVecEnv([lambda: BlowUpEnv()]))
+    env.obs_rms.mean[1] = np.nan
+    model = PPO("MlpPolicy", env, n_steps=16, batch_size=16, policy_kwargs=dict(net_arch=[8]), seed=0)
+    guard = NonFiniteGuardCallback()
+    with pytest.raises(NonFiniteError, match=r"(?s)first observation.*normalized observation of env 0: 1 NaN"):
+        model.learn(32, callback=guard)
+
+    [event] = guard.events
+    assert event.source == "normalization" and "first observation" in event.phase
+    assert [bad.name for bad in event.nonfinite] == [
+        "VecNormalize obs_rms.mean",
+        "VecNormalize obs_rms.var",
+        "normalized observation of env 0",
+    ]
+
+
 # ----- weights changed outside an optimizer step -----
 
 

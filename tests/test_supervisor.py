@@ -5,6 +5,7 @@ fails on the code before the supervisor (commit 8938b37).
 """
 
 import math
+import re
 import warnings
 from typing import Any
 
@@ -238,6 +239,41 @@ def test_a_callback_given_another_model_measures_that_models_first_updates() -> 
     assert len(adaptive.history) == MEASURED_FIRST == 8
 
 
+class InfReturnAtRolloutEnd(BaseCallback):
+    """Another callback's bug: an inf written into the rollout buffer's returns at the end of the ``at``-th rollout."""
+
+    def __init__(self, at: int) -> None:
+        super().__init__()
+        self.at, self.rollouts = at, 0
+
+    def _on_step(self) -> bool:
+        return True
+
+    def _on_rollout_end(self) -> None:
+        self.rollouts += 1
+        if self.rollouts == self.at:
+            self.model.rollout_buffer.returns[1, 0] = np.inf
+
+
+def test_an_update_a_guard_stopped_at_the_rollouts_end_is_not_one_of_the_first_measured() -> None:
+    """
+    Promise: when a guard stops training at a rollout's end (before the update), the adaptive learning rate takes no
+    record of that update, which is never kept: it counts the updates the model kept (its ``_n_updates``), so a
+    learn() that resumes the stopped model measures its first MEASURED_FIRST kept updates, not one fewer.
+    """
+    model = A2C("MlpPolicy", "CartPole-v1", n_steps=8, seed=0)
+    guard = NonFiniteGuardCallback(on_nonfinite="stop", snapshot_every=8)  # the healthy state: after each update
+    adaptive = KLAdaptiveLRCallback()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # the guard's NonFiniteGuardWarning, numpy's on the inf
+        model.learn(8 * 10, callback=[InfReturnAtRolloutEnd(at=3), guard, adaptive])
+    assert guard.stop_reason is not None and guard.events[0].source == "rollout"
+    assert model._n_updates == 2 and len(adaptive.history) == 2  # the 3rd update was stopped before it ran
+    model.learn(8 * 10, callback=[guard, adaptive], reset_num_timesteps=False)  # 10 updates
+    # the model's 3rd to 8th kept updates measured (then one per 256 samples, i.e. 32 updates): 9 and 10 are not
+    assert model._n_updates == 12 and len(adaptive.history) == MEASURED_FIRST - 2
+
+
 def test_a_redo_restores_the_update_and_skip_counters() -> None:
     model = SafeA2C("MlpPolicy", "CartPole-v1", n_steps=8, learning_rate=1e-3, seed=0)
     adaptive = redo_every_update()
@@ -327,6 +363,72 @@ def test_the_schedules_read_from_zero_are_given_back_when_learn_ends() -> None:
         warnings.simplefilter("ignore")  # the warning that names them is the test above's
         model.learn(32 * 4 - 5, callback=NonFiniteGuardCallback())
     assert {name: getattr(model, name) for name in own} == own
+
+
+def test_the_past_the_end_warning_names_the_value_the_schedule_gives_at_progress_0() -> None:
+    """
+    Promise: the warning that names a schedule read past the end says what it would have been (its value at SB3's
+    progress below 0) and the value sb3-safe reads instead, the schedule's at progress 0 (here the end of a linear
+    schedule that does not end at 0).
+    """
+
+    def schedule(progress: float) -> float:
+        return 1e-3 * progress + 2e-5  # 2e-5 at the end of training, negative just past it
+
+    model = PPO("MlpPolicy", "CartPole-v1", n_steps=32, batch_size=32, learning_rate=schedule, seed=0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model.learn(32 * 4 - 5, callback=NonFiniteGuardCallback())  # the 4th rollout ends 5 steps past the budget
+    [message] = [str(w.message) for w in caught if "past the budget" in str(w.message)]
+    found = re.search(r"is (\S+) at progress (\S+): .* at progress 0 \((\S+)\) instead\.$", message)
+    assert found is not None, message
+    assert float(found[2]) == pytest.approx(1 - 128 / 123, rel=1e-3)
+    assert float(found[1]) == pytest.approx(schedule(1 - 128 / 123), rel=1e-2)
+    assert float(found[1]) < 0.0
+    assert float(found[3]) == pytest.approx(schedule(0.0), rel=1e-2)
+
+
+def test_the_past_the_end_warning_comes_from_one_place_whatever_the_order_of_the_callbacks() -> None:
+    """
+    Promise: the warning that names a schedule read past the end is issued from one code location whichever sb3-safe
+    callback (the guard or the adaptive learning rate) delivers the rollout's end first, so that one warnings filter
+    (by module or line, as Python's default once-per-location filter also counts) catches it for either order.
+    """
+    locations = []
+    for guard_first in (True, False):
+        model = PPO("MlpPolicy", "CartPole-v1", n_steps=32, batch_size=32, clip_range=linear_schedule(0.2), seed=0)
+        guard, adaptive = NonFiniteGuardCallback(), KLAdaptiveLRCallback(trust_region=False)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            model.learn(32 * 4 - 5, callback=[guard, adaptive] if guard_first else [adaptive, guard])
+        [warning] = [w for w in caught if "past the budget" in str(w.message)]
+        locations.append((warning.filename, warning.lineno))
+    assert locations[0] == locations[1]
+    assert "sb3_safe" in locations[0][0]
+
+
+def test_an_update_within_the_budget_reads_the_models_own_schedules() -> None:
+    """
+    Promise: sb3-safe stands in for a model's schedules only in an update read past the end of the budget (SB3's
+    progress below 0); every other update, also the last one of a budget the rollouts end exactly at (progress 0),
+    reads the model's own schedule objects, and nothing is named.
+    """
+    model = PPO("MlpPolicy", "CartPole-v1", n_steps=32, batch_size=32, learning_rate=linear_schedule(1e-3),
+                clip_range=linear_schedule(0.2), seed=0)  # fmt: skip
+    own = {name: getattr(model, name) for name in ("lr_schedule", "clip_range")}
+    train, read = model.train, []
+
+    def recording_train() -> None:
+        read.append({name: getattr(model, name) is schedule for name, schedule in own.items()})
+        train()
+
+    model.train = recording_train  # type: ignore[method-assign]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model.learn(32 * 4, callback=NonFiniteGuardCallback())  # the 4th rollout ends at the budget
+    assert model.num_timesteps == 128
+    assert read == [{"lr_schedule": True, "clip_range": True}] * 4
+    assert [str(w.message) for w in caught if "past the budget" in str(w.message)] == []
 
 
 # ----- item 11: a run where nothing learns -----
