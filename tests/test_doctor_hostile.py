@@ -57,6 +57,9 @@ from zip_builders import (
 
 from sb3_safe.cli import main
 from sb3_safe.doctor import EXIT_HEALTHY, EXIT_UNHEALTHY, EXIT_UNREADABLE, diagnose
+from sb3_safe.doctor.allowlist import Allowlist
+from sb3_safe.doctor.archive import SizeLimits
+from sb3_safe.doctor.pickles import PickleReport, scan_torch_entry
 
 SYSTEM = f"{os.system.__module__}.system"  # posix.system: the name pickle stores for os.system
 
@@ -326,12 +329,17 @@ def _torch_bytes_4(obj: Any, legacy: bool = False) -> bytes:
     return buffer.getvalue()
 
 
-def _nested_torch_files(levels: int, payload: Reduce, legacy: bool) -> bytes:
-    """A pickle that loads a torch file by torch.storage._load_from_bytes, which loads another, ``levels`` deep."""
+def _nested_loads(levels: int, payload: Reduce, legacy: bool = False) -> Any:
+    """An object whose pickle loads a torch file by torch.storage._load_from_bytes, which loads another, ``levels`` deep."""
     nested: Any = payload
     for _ in range(levels):
         nested = Reduce(th.storage._load_from_bytes, _torch_bytes_4(nested, legacy=legacy))
-    return pickle.dumps(nested)
+    return nested
+
+
+def _nested_torch_files(levels: int, payload: Reduce, legacy: bool) -> bytes:
+    """A pickle that loads a torch file by torch.storage._load_from_bytes, which loads another, ``levels`` deep."""
+    return pickle.dumps(_nested_loads(levels, payload, legacy))
 
 
 @pytest.mark.parametrize("legacy", [False, True], ids=["zip", "legacy"])
@@ -765,3 +773,220 @@ def test_a_call_with_a_huge_argument_is_not_checked_so_not_healthy(
     path = rewrite_zip(model_zip, tmp_path / "wide.zip", data=lambda data: data | {"lr_schedule": serialized(pickled)})
     status, _, err = _doctor(path, capsys)
     assert status == EXIT_UNREADABLE and "a call with more than 10000 argument values, not checked" in err
+
+
+def _state_dict(model_zip: Path) -> dict[str, th.Tensor]:
+    with zipfile.ZipFile(model_zip) as archive:
+        return th.load(archive.open("policy.pth"), weights_only=True)
+
+
+def test_weights_in_torchs_legacy_format_are_healthy(model_zip: Path, tmp_path: Path) -> None:
+    """
+    Promise: torch's legacy format, which torch.load reads, is read as five pickles and the raw storages after them:
+    a policy.pth saved in it with clean weights is healthy, its tensors loaded and checked.
+    """
+    legacy = torch_bytes(_state_dict(model_zip), legacy=True)
+    path = rewrite_zip(model_zip, tmp_path / "legacy.zip", replace={"policy.pth": legacy})
+    report = diagnose(path)
+    assert report.healthy and report.unsafe == [] and report.unchecked == []
+    assert report.tensors_checked and report.n_tensors > 0
+
+
+def test_code_in_the_fifth_pickle_of_torchs_legacy_format_is_named(
+    model_zip: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """
+    Promise: all five pickles of torch's legacy format are scanned, the last (the storage keys, which torch.load
+    without weights_only unpickles in full) included.
+    """
+    canary = _watched(tmp_path / "canary")
+    clean = io.BytesIO(torch_bytes({}, legacy=True))
+    for _ in range(4):  # magic number, protocol version, system info, the object
+        pickle.load(clean)
+    raw = clean.getvalue()[: clean.tell()] + pickle.dumps(_payload("builtins.eval", canary))
+    path = rewrite_zip(model_zip, tmp_path / "keys.zip", replace={"pytorch_variables.pth": raw})
+    status, out, _ = _doctor(path, capsys)
+    assert status == EXIT_UNHEALTHY
+    assert "pytorch_variables.pth (legacy format, pickle 5): loading this file would run code from builtins.eval" in out
+    _assert_never_created(canary)
+    with contextlib.suppress(Exception):  # torch fails after running it: the payload returns no storage keys
+        th.load(io.BytesIO(raw), weights_only=False)
+    assert canary.exists()
+
+
+def test_torchs_legacy_format_is_read_up_to_its_first_invalid_pickle(
+    model_zip: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """
+    Promise: doctor reads the legacy format as torch.load does, which stops at the first invalid pickle: that pickle
+    is named (unreadable, exit 2), and code in the bytes after it, which never runs, is not reported as code.
+    """
+    canary = _watched(tmp_path / "canary")
+    magic = io.BytesIO(torch_bytes({}, legacy=True))
+    pickle.load(magic)
+    raw = magic.getvalue()[: magic.tell()] + b"\xff" + pickle.dumps(_payload("builtins.eval", canary))
+    path = rewrite_zip(model_zip, tmp_path / "cut.zip", replace={"pytorch_variables.pth": raw})
+    status, out, err = _doctor(path, capsys)
+    assert status == EXIT_UNREADABLE and out == ""
+    assert "pytorch_variables.pth (legacy format, pickle 2): not a valid pickle" in err
+    with pytest.raises(pickle.UnpicklingError):
+        th.load(io.BytesIO(raw), weights_only=False)
+    _assert_never_created(canary)
+
+
+@pytest.mark.parametrize("levels", [4, 5])
+@pytest.mark.parametrize("place", ["pickle file", "policy.pth"])
+def test_the_nesting_limit_holds_in_pickle_files_and_pth_entries(
+    place: str, levels: int, model_zip: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """
+    Promise: as for data items, torch files nested by _load_from_bytes in a plain pickle file (vecnormalize.pkl) or
+    in a .pth entry are scanned 4 levels deep (the code of the deepest named, exit 1), and deeper nesting is
+    refused as unreadable (exit 2), not followed.
+    """
+    canary = _watched(tmp_path / "canary")
+    nested = _nested_loads(levels, _payload("builtins.eval", canary))
+    if place == "pickle file":
+        path = tmp_path / "vecnormalize.pkl"
+        path.write_bytes(pickle.dumps(nested))
+    else:
+        policy = _torch_bytes_4(_state_dict(model_zip) | {"x": nested})
+        path = rewrite_zip(model_zip, tmp_path / "nested.zip", replace={"policy.pth": policy})
+    status, out, err = _doctor(path, capsys)
+    found = "would run code from builtins.eval" in out
+    too_deep = "torch files nested more than 4 deep" in out + err
+    expected = (EXIT_UNHEALTHY, True, False) if levels == 4 else (EXIT_UNREADABLE, False, True)
+    assert (status, found, too_deep) == expected, out + err
+    _assert_never_created(canary)
+
+
+def _unsafe_pth(canary: Path) -> dict[str, bytes]:
+    """.pth entries with code or a problem in them, by what is wrong."""
+    payload = _payload("builtins.eval", canary)
+    return {
+        "code in the legacy format's pickle": torch_bytes({"x": payload}, legacy=True),
+        "code in a torch file the legacy format's pickle loads": _torch_bytes_4({"x": _nested_loads(1, payload)}, legacy=True),
+        "torch files nested more than 4 deep": _torch_bytes_4({"x": _nested_loads(5, payload)}),
+        "a torch zip without its pickle": _torch_zip_without_pickle(),
+        "not a torch file": b"\x00garbage",
+    }
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "code in the legacy format's pickle",
+        "code in a torch file the legacy format's pickle loads",
+        "torch files nested more than 4 deep",
+        "a torch zip without its pickle",
+        "not a torch file",
+    ],
+)
+def test_a_pth_entry_with_code_or_a_problem_is_never_loaded(case: str, tmp_path: Path) -> None:
+    """
+    Promise: a .pth entry in which doctor finds code, or which it cannot read through (not a torch file, a torch zip
+    without its pickle, nesting too deep), is marked unsafe: doctor never hands it to torch.load for its tensors.
+    """
+    canary = _watched(tmp_path / "canary")
+    report = PickleReport()
+    scan_torch_entry(_unsafe_pth(canary)[case], "policy.pth", Allowlist(), SizeLimits(), report)
+    assert report.findings or report.problems
+    assert report.unsafe_entries == {"policy.pth"}
+    _assert_never_created(canary)
+
+
+@pytest.mark.parametrize("kind", ["Generator", "RandomState"])
+def test_numpy_1_random_generator_pickles_are_allowed(
+    kind: str, model_zip: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """
+    Promise: numpy's Generator and RandomState pickled as numpy 1.x writes them (the bit generator's class and
+    constructor passed to numpy's ctor, which builds them) are allowed: a space's random generator saved then.
+    """
+    from numpy.random import _pickle as numpy_pickle
+
+    ctor = numpy_pickle.__generator_ctor if kind == "Generator" else numpy_pickle.__randomstate_ctor
+    pickled = pickle.dumps(Reduce(ctor, np.random.PCG64, numpy_pickle.__bit_generator_ctor), protocol=2)
+    assert b"numpy.random._pcg64\nPCG64" in pickled  # the class itself, passed by name
+    assert type(pickle.loads(pickled)).__name__ == kind  # numpy 2 still loads it
+    path = rewrite_zip(model_zip, tmp_path / "rng.zip", data=lambda data: data | {"np_random": serialized(pickled)})
+    status, out, _ = _doctor(path, capsys)
+    assert status == EXIT_HEALTHY and "Healthy" in out, out
+
+
+_RMSPROP_MODULE = "stable_baselines3.common.sb2_compat.rmsprop_tf_like"
+
+
+def test_a_class_of_an_sb3_module_not_yet_imported_is_allowed(
+    model_zip: Path, tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """
+    Promise: a model naming SB3's RMSpropTFLike as its optimizer (SB3's documented A2C option) is healthy when
+    doctor runs in a process that has not imported that module yet (as ``sb3-safe doctor`` does): doctor imports
+    the trusted module to check the class.
+    """
+    from stable_baselines3.common.sb2_compat.rmsprop_tf_like import RMSpropTFLike
+
+    policy_kwargs = cloudpickle.dumps({"net_arch": [8], "optimizer_class": RMSpropTFLike})
+    path = rewrite_zip(
+        model_zip, tmp_path / "rmsprop.zip", data=lambda data: data | {"policy_kwargs": serialized(policy_kwargs)}
+    )
+    monkeypatch.delitem(sys.modules, _RMSPROP_MODULE)  # as in a fresh process (restored after the test)
+    status, out, _ = _doctor(path, capsys)
+    assert status == EXIT_HEALTHY and "Healthy" in out, out
+    assert _RMSPROP_MODULE in sys.modules
+
+
+def test_a_name_no_module_of_a_trusted_package_has_is_named(
+    model_zip: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """Promise: a class of a module SB3 does not have (stable_baselines3.no_such_module) is named as code, exit 1."""
+    pickled = PROTO_2 + global_opcode("stable_baselines3.no_such_module", "Policy") + STOP
+    path = rewrite_zip(model_zip, tmp_path / "missing.zip", data=lambda data: data | {"policy_class": serialized(pickled)})
+    status, out, err = _doctor(path, capsys)
+    assert status == EXIT_UNHEALTHY and err == ""
+    assert 'data["policy_class"]: loading this file would run code from stable_baselines3.no_such_module.Policy' in out
+
+
+@pytest.mark.parametrize(
+    "module, name",
+    [
+        ("stable_baselines3.common.save_util", "save_to_zip_file"),  # a function of SB3, not a class: it writes files
+        ("stable_baselines3.common.logger", "HumanOutputFormat"),  # a class of SB3 of no kind SB3 builds: opens files
+        ("numpy", "memmap"),  # a numpy class that is no scalar type: it opens (creates) files
+        ("torch", "load"),  # torch's top module: only dtypes and storage classes
+    ],
+)
+def test_names_a_file_may_not_hold_are_named(
+    module: str, name: str, model_zip: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """
+    Promise: a file may name (for SB3 to call after loading, e.g. as its policy class) only classes of the kinds
+    SB3 builds, numpy's scalar types, torch's dtypes and storages: any other name from SB3, numpy or torch, even
+    unused while loading, is named as code (exit 1).
+    """
+    pickled = PROTO_2 + global_opcode(module, name) + STOP
+    path = rewrite_zip(model_zip, tmp_path / "named.zip", data=lambda data: data | {"policy_class": serialized(pickled)})
+    status, out, err = _doctor(path, capsys)
+    assert status == EXIT_UNHEALTHY and err == ""
+    assert f'data["policy_class"]: loading this file would run code from {module}.{name}' in out
+
+
+@pytest.mark.parametrize("called", [False, True], ids=["named", "called"])
+def test_a_class_a_file_may_name_may_not_be_called_while_loading(
+    called: bool, model_zip: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """
+    Promise: naming a policy class is allowed (SB3 builds it after loading, from its own arguments), calling it
+    while loading, with arguments from the file, is not: the call is named as code (exit 1).
+    """
+    pickled = PROTO_2 + global_opcode("stable_baselines3.common.policies", "ActorCriticPolicy")
+    pickled += (b")" + REDUCE if called else b"") + STOP  # EMPTY_TUPLE, REDUCE: ActorCriticPolicy()
+    path = rewrite_zip(model_zip, tmp_path / "policy.zip", data=lambda data: data | {"policy_class": serialized(pickled)})
+    status, out, _ = _doctor(path, capsys)
+    assert status == (EXIT_UNHEALTHY if called else EXIT_HEALTHY), out
+    finding = (
+        'data["policy_class"]: loading this file would run code from stable_baselines3.common.policies.ActorCriticPolicy '
+        "(the pickle calls it"
+    )
+    assert (finding in out) == called
