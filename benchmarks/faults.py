@@ -692,11 +692,14 @@ def check(outcome: Outcome) -> dict[str, list[str]]:
     if s.fault in ONCE and record.fault_fired_at and len(outcome.events) != 1:
         kinds = [f"{event.source}/{event.action}" for event in outcome.events]
         violations["v"].append(f"{len(outcome.events)} events for one fault: {kinds}")
-    # Rewards x1e30 on a dense reward (not normalized by VecNormalize): every update stalls, one stall event. (The
-    # masked task's reward is sparse: a rollout without one trains, and the updates in a row that stall start again)
-    stalls = [event.source for event in outcome.events] == ["stall"]
+    # Rewards x1e30 on a dense reward (not normalized by VecNormalize): a stock critic stalls every update, one stall
+    # event; the safe algorithms normalize their value targets there (normalize_value="auto") and train without an
+    # event. (The masked task's reward is sparse: a rollout without one trains, and the updates in a row that stall
+    # start again)
+    kinds = [event.source for event in outcome.events]
     dense = s.algo != "MaskablePPO" and not s.normalize
-    if s.fault == "rewards_1e30" and s.guarded and dense and not stalls:
+    expected = [] if s.algo in ("KLAdaptivePPO", "SafeA2C") else ["stall"]
+    if s.fault == "rewards_1e30" and s.guarded and dense and kinds != expected:
         violations["v"].append(f"rewards x1e30: events {[f'{e.source}/{e.action}' for e in outcome.events]}")
     # (vi) schedules
     violations["vi"] += outcome.schedule_checks

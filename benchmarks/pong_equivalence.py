@@ -62,7 +62,10 @@ def make_pong(seed: int) -> Any:
 
 
 def make_model(algo: str, seed: int, logit_bound: float | None = None) -> Any:
-    """Stock A2C or SafeA2C with rl-zoo's optimizer settings (``policy_kwargs`` as rl-zoo passes them)."""
+    """
+    Stock A2C or SafeA2C with rl-zoo's optimizer settings (``policy_kwargs`` as rl-zoo passes them); SafeA2C with SB3's
+    critic (``normalize_value=False``): what is compared is the policy head.
+    """
     from stable_baselines3 import A2C
     from stable_baselines3.common.sb2_compat.rmsprop_tf_like import RMSpropTFLike
 
@@ -72,7 +75,9 @@ def make_model(algo: str, seed: int, logit_bound: float | None = None) -> Any:
     if algo == "A2C":
         return A2C("CnnPolicy", make_pong(seed), seed=seed, device="cpu", policy_kwargs=policy_kwargs, **ZOO_ATARI)
     policy_kwargs["logit_bound"] = logit_bound
-    return SafeA2C("CnnPolicy", make_pong(seed), seed=seed, device="cpu", policy_kwargs=policy_kwargs, **ZOO_ATARI)
+    return SafeA2C(
+        "CnnPolicy", make_pong(seed), seed=seed, device="cpu", policy_kwargs=policy_kwargs, normalize_value=False, **ZOO_ATARI
+    )
 
 
 def model_state(model: Any) -> list[tuple[str, th.Tensor]]:

@@ -97,13 +97,15 @@ def assert_valid_probabilities(probs: th.Tensor, n_actions: int) -> None:
     assert (probs >= min_action_probability(n_actions, DEFAULT_LOGIT_BOUND) * (1 - 1e-4)).all()
 
 
-def test_softmax_report_replayed() -> None:
+@pytest.mark.parametrize("normalize_value", [False, "auto"])
+def test_softmax_report_replayed(normalize_value: bool | str) -> None:
     """
     The Keras report: RMSprop with a high learning rate, rewards far from normalized and no gradient clipping.
 
     Stock A2C's gradient norm overflows within a few updates; clipping to ``max_grad_norm=inf`` then scales the
-    gradients by inf / inf = NaN, the weights become NaN and the next Categorical raises. SafeA2C skips every
-    such step and keeps a valid policy.
+    gradients by inf / inf = NaN, the weights become NaN and the next Categorical raises. SafeA2C with SB3's critic
+    skips every such step and keeps a valid policy; with its default (the value targets normalized, as the rewards
+    are not) no step overflows.
     """
     run: dict[str, Any] = dict(learning_rate=1e-2, max_grad_norm=float("inf"), seed=0, device="cpu")
 
@@ -115,11 +117,11 @@ def test_softmax_report_replayed() -> None:
         stock.learn(1000)
     assert not params_finite(stock)
 
-    safe = SafeA2C("CnnPolicy", make_env(), **run)
+    safe = SafeA2C("CnnPolicy", make_env(), normalize_value=normalize_value, **run)
     safe.learn(1000)
     assert safe.num_timesteps == 1000
     assert params_finite(safe)
-    assert safe.skipped_updates > 0
+    assert (safe.skipped_updates > 0) == (normalize_value is False)
     assert safe.logger.name_to_value["train/skipped_updates"] == safe.skipped_updates
     # train() has flattened the last rollout to (n_steps * n_envs, *obs_shape)
     observations = th.as_tensor(safe.rollout_buffer.observations)
@@ -188,13 +190,18 @@ def test_guarded_update_leaves_params_and_optimizer_state() -> None:
 
 
 def test_huber_value_loss_finite_for_huge_returns() -> None:
-    """Returns ~1e20: the MSE overflows float32 (step skipped), the Huber loss stays finite and the step is taken."""
+    """
+    SB3's critic (``normalize_value=False``), returns ~1e20: the MSE overflows float32 (step skipped), the Huber loss
+    stays finite and the step is taken.
+    """
     losses = {}
     for value_loss in ("mse", "huber"):
         env = make_vec_env(
             "CartPole-v1", n_envs=2, seed=0, wrapper_class=ConstantRewardWrapper, wrapper_kwargs=dict(reward=1e20)
         )
-        model = SafeA2C("MlpPolicy", env, value_loss=value_loss, normalize_advantage=True, seed=0, device="cpu")
+        model = SafeA2C(
+            "MlpPolicy", env, value_loss=value_loss, normalize_advantage=True, seed=0, device="cpu", normalize_value=False
+        )
         initial = [param.clone() for param in model.policy.parameters()]
         model.learn(4 * model.n_steps * env.num_envs)
         assert model.rollout_buffer.returns.max() > 1e20
@@ -363,10 +370,13 @@ def test_pong_smoke() -> None:
 
 
 def test_cartpole_learns() -> None:
-    """rl-zoo's CartPole-v1 settings (8 envs, ent_coef 0), 20k steps: the stochastic policy's return clearly improves."""
+    """
+    rl-zoo's CartPole-v1 settings (8 envs, ent_coef 0) with SB3's critic, 20k steps: the stochastic policy's return
+    clearly improves. (With the normalized critic, the default here, see ``test_value_norm.py``.)
+    """
     env = make_vec_env("CartPole-v1", n_envs=8, seed=0)
     eval_env = make_vec_env("CartPole-v1", n_envs=1, seed=100)
-    model = SafeA2C("MlpPolicy", env, ent_coef=0.0, seed=0, device="cpu")
+    model = SafeA2C("MlpPolicy", env, ent_coef=0.0, seed=0, device="cpu", normalize_value=False)
     before, _ = evaluate_policy(model, eval_env, n_eval_episodes=20, deterministic=False)
     model.learn(20_000)
     after, _ = evaluate_policy(model, eval_env, n_eval_episodes=20, deterministic=False)

@@ -445,13 +445,15 @@ def huge_reward_env(scale: float = 1e30) -> Any:
 
 
 def stalled_model(name: str) -> BaseAlgorithm:
+    """A model whose critic is in the reward's units (the safe algorithms with ``normalize_value=False``)."""
     small = dict(net_arch=[16])
+    raw = dict(policy_kwargs=small, seed=0, normalize_value=False)
     if name == "SafeA2C":
-        return SafeA2C("MlpPolicy", huge_reward_env(), n_steps=8, policy_kwargs=small, seed=0)
+        return SafeA2C("MlpPolicy", huge_reward_env(), n_steps=8, **raw)
     if name == "SafeA2C-huber":
-        return SafeA2C("MlpPolicy", huge_reward_env(), n_steps=8, value_loss="huber", policy_kwargs=small, seed=0)
+        return SafeA2C("MlpPolicy", huge_reward_env(), n_steps=8, value_loss="huber", **raw)
     if name == "KLAdaptivePPO":
-        return KLAdaptivePPO("MlpPolicy", huge_reward_env(), n_steps=16, batch_size=32, policy_kwargs=small, seed=0)
+        return KLAdaptivePPO("MlpPolicy", huge_reward_env(), n_steps=16, batch_size=32, **raw)
     return PPO(SafeMlpPolicy, huge_reward_env(), n_steps=16, batch_size=32, policy_kwargs=small, seed=0)
 
 

@@ -4,7 +4,9 @@ Value-target normalization (PopArt, ``normalize_value=True``) in KLAdaptivePPO a
 undone with a redo, nothing changed when off).
 """
 
+import json
 import math
+import zipfile
 from typing import Any
 
 import gymnasium as gym
@@ -14,14 +16,15 @@ import torch as th
 from gymnasium import spaces
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from stable_baselines3 import PPO
+from stable_baselines3 import A2C, PPO
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.evaluation import evaluate_policy
-from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
+from stable_baselines3.common.vec_env import DummyVecEnv, VecFrameStack, VecNormalize
 from torch import nn
 from torch.nn import functional as F
 
+import sb3_safe
 from sb3_safe import KLAdaptiveLRCallback, KLAdaptivePPO, NonFiniteGuardCallback, SafeA2C
 from sb3_safe.common.value_norm import PopArtValueHead, install_value_normalization, normalized_values, value_head
 
@@ -330,15 +333,109 @@ def test_composes_with_vec_normalize(algo: type, kwargs: dict[str, Any]) -> None
 
 
 @pytest.mark.parametrize(("algo", "kwargs"), ALGORITHMS)
-def test_off_by_default_the_policy_is_sb3s(algo: type, kwargs: dict[str, Any]) -> None:
-    """Without normalize_value the value head is the nn.Linear SB3 built and the state dict has SB3's keys (the
+@pytest.mark.parametrize(
+    ("wrap", "normalized"),
+    [
+        pytest.param(lambda env: env, True, id="plain"),
+        pytest.param(lambda env: VecNormalize(env, norm_reward=True), False, id="VecNormalize"),
+        pytest.param(lambda env: VecNormalize(env, norm_reward=False), True, id="VecNormalize-observations-only"),
+        pytest.param(lambda env: VecFrameStack(VecNormalize(env), 2), False, id="VecNormalize-inside-another-wrapper"),
+    ],
+)
+def test_auto_normalizes_the_values_unless_the_rewards_are_normalized_already(
+    algo: type, kwargs: dict[str, Any], wrap: Any, normalized: bool
+) -> None:
+    """
+    Promise of the default ``normalize_value="auto"``: PopArt is on, except under ``VecNormalize(norm_reward=True)``
+    anywhere in the wrapper chain (rewards scaled to a unit return already, where PopArt on top learned worse); the
+    decision is saved with the model as a bool.
+    """
+    model = algo("MlpPolicy", wrap(DummyVecEnv([lambda: ScaledRewardEnv()])), seed=0, **kwargs)
+    assert model.normalize_value is normalized
+    assert (value_head(model.policy) is not None) is normalized
+    model.save("model.zip")
+    with zipfile.ZipFile("model.zip") as archive:
+        assert json.loads(archive.read("data"))["normalize_value"] is normalized
+
+
+@pytest.mark.parametrize(("algo", "kwargs"), ALGORITHMS)
+def test_off_the_policy_is_sb3s(algo: type, kwargs: dict[str, Any]) -> None:
+    """With normalize_value=False the value head is the nn.Linear SB3 built and the state dict has SB3's keys (the
     trained parameters were checked bit-identical to the code before normalize_value, for the same seed)."""
     env = DummyVecEnv([lambda: ScaledRewardEnv()])
-    model = algo("MlpPolicy", env, seed=0, **kwargs)
+    model = algo("MlpPolicy", env, seed=0, normalize_value=False, **kwargs)
     assert model.normalize_value is False
     assert type(model.policy.value_net) is nn.Linear and value_head(model.policy) is None
     stock = PPO("MlpPolicy", env, seed=0)
     assert model.policy.state_dict().keys() == stock.policy.state_dict().keys()
+
+
+@pytest.mark.parametrize(("algo", "kwargs"), ALGORITHMS)
+@pytest.mark.parametrize("setting", ["yes", 1, None, "True"])
+def test_a_setting_other_than_true_false_or_auto_is_refused(algo: type, kwargs: dict[str, Any], setting: Any) -> None:
+    with pytest.raises(ValueError, match=r"normalize_value must be True, False or 'auto', got "):
+        algo("MlpPolicy", DummyVecEnv([lambda: ScaledRewardEnv()]), normalize_value=setting, **kwargs)
+
+
+def _drop_saved_setting(path: str, key: str) -> None:
+    """Rewrite a saved model as a checkpoint from before ``key`` existed (its data entry without it)."""
+    with zipfile.ZipFile(path) as archive:
+        entries = {name: archive.read(name) for name in archive.namelist()}
+    data = json.loads(entries["data"])
+    del data[key]
+    entries["data"] = json.dumps(data).encode()
+    with zipfile.ZipFile(path, "w") as archive:
+        for name, content in entries.items():
+            archive.writestr(name, content)
+
+
+@pytest.mark.parametrize(("algo", "kwargs"), ALGORITHMS)
+@pytest.mark.parametrize("loader", ["algorithm", "sb3_safe.load"])
+def test_a_checkpoint_from_before_normalize_value_loads_with_sb3s_critic(
+    algo: type, kwargs: dict[str, Any], loader: str
+) -> None:
+    """
+    Promise: a checkpoint saved before normalize_value existed (no such setting, no statistics in its state dict)
+    loads as it was trained, with SB3's critic, although the default now turns the normalization on for its env.
+    """
+    model = algo("MlpPolicy", DummyVecEnv([lambda: ScaledRewardEnv()]), seed=0, normalize_value=False, **kwargs)
+    model.learn(kwargs["n_steps"])
+    model.save("old.zip")
+    _drop_saved_setting("old.zip", "normalize_value")
+    env = DummyVecEnv([lambda: ScaledRewardEnv()])
+    loaded = algo.load("old.zip", env=env) if loader == "algorithm" else sb3_safe.load(algo, "old.zip", env=env)
+    assert loaded.normalize_value is False and type(loaded.policy.value_net) is nn.Linear
+    observations = th.as_tensor(np.random.default_rng(0).normal(size=(4, 3)), dtype=th.float32)
+    with th.no_grad():
+        assert th.equal(loaded.policy.predict_values(observations), model.policy.predict_values(observations))
+    loaded.learn(kwargs["n_steps"])
+
+
+@pytest.mark.parametrize(
+    ("algo", "kwargs", "stock"),
+    [(SafeA2C, dict(n_steps=8), A2C), (KLAdaptivePPO, dict(n_steps=32, batch_size=16, n_epochs=2), PPO)],
+)
+def test_stock_sb3_loads_and_trains_on_a_checkpoint_with_the_statistics(
+    algo: type, kwargs: dict[str, Any], stock: type
+) -> None:
+    """
+    Promise (drop-in both ways): SB3's own PPO / A2C load a checkpoint trained with normalize_value, its value head
+    and statistics included (the safe policy puts the head in place when its state dict has them), give the same
+    values and train on (in reward units, the statistics then kept as saved).
+    """
+    model = make_model(algo, kwargs, scale=1e3)
+    model.learn(2 * kwargs["n_steps"] * 2)
+    model.save("safe.zip")
+    stock = A2C if algo is SafeA2C else PPO
+    loaded = stock.load("safe.zip", env=model.get_env())
+    assert isinstance(loaded.policy.value_net, PopArtValueHead) and statistics(loaded) == statistics(model)
+    observations = th.as_tensor(np.random.default_rng(1).normal(size=(4, 3)), dtype=th.float32)
+    with th.no_grad():
+        assert th.equal(loaded.policy.predict_values(observations), model.policy.predict_values(observations))
+    before = loaded.policy.value_net.weight.detach().clone()
+    loaded.learn(kwargs["n_steps"] * 2)
+    assert not th.equal(loaded.policy.value_net.weight, before) and statistics(loaded) == statistics(model)
+    assert all(th.isfinite(param).all() for param in loaded.policy.parameters())
 
 
 def test_install_keeps_the_parameters_their_order_and_names() -> None:

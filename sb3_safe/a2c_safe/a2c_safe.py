@@ -15,7 +15,7 @@ from torch.nn import functional as F
 
 from sb3_safe.a2c_safe.policies import CnnPolicy, MlpPolicy, MultiInputPolicy
 from sb3_safe.common.adaptive_lr import ADAPTIVE_LR_CALLBACK, check_adaptive_lr, with_adaptive_lr
-from sb3_safe.common.checkpoints import continue_stock_checkpoint
+from sb3_safe.common.checkpoints import continue_stock_checkpoint, with_settings_of_older_checkpoints
 from sb3_safe.common.policies import SafeActorCriticPolicy
 from sb3_safe.common.updates import (
     GuardedOptimizerStep,
@@ -24,10 +24,13 @@ from sb3_safe.common.updates import (
     write_last_update_statistics,
 )
 from sb3_safe.common.value_norm import (
+    NormalizeValue,
+    check_normalize_value,
     explained_variance_float64,
     install_value_normalization,
     normalized_values,
     record_value_statistics,
+    resolve_normalize_value,
     value_head,
 )
 
@@ -53,8 +56,8 @@ class SafeA2C(A2C):
     - Advantage normalization is safe for a batch of one and for zero variance.
     - ``value_loss="huber"`` keeps the value loss finite, and its gradient bounded, for returns far beyond the
       ~2e19 at which the default MSE (SB3's) overflows float32 (such steps are then skipped).
-    - ``normalize_value=True`` regresses the critic on normalized returns (PopArt): the value loss no longer grows
-      with the reward scale.
+    - ``normalize_value`` (on unless the rewards are normalized by ``VecNormalize`` already) regresses the critic on
+      normalized returns (PopArt): the value loss no longer grows with the reward scale.
     - ``train/logit_max`` (largest |raw logit| of the update, before the bound) for discrete actions, or
       ``train/log_std_min`` / ``train/log_std_max`` (of the log-std in use) for Box actions.
 
@@ -85,7 +88,9 @@ class SafeA2C(A2C):
     :param normalize_value: regress the critic on returns normalized by their running mean and std, its last layer
         rescaled when they change so its values in reward units stay the same (PopArt,
         :mod:`sb3_safe.common.value_norm`): the value loss (then logged in normalized units) no longer grows with the
-        reward scale. The statistics are saved with the model
+        reward scale. The statistics are saved with the model. ``"auto"`` (the default): on, unless the environment's
+        rewards are normalized already (a ``VecNormalize(norm_reward=True)`` wrapper, where PopArt on top learned
+        worse, measured on Acrobot-v1); decided when the model is set up, saved decided
     :param use_sde: Whether to use generalized State Dependent Exploration (gSDE)
         instead of action noise exploration (default: False)
     :param sde_sample_freq: Sample a new noise matrix every n steps when using gSDE
@@ -130,7 +135,7 @@ class SafeA2C(A2C):
         use_rms_prop_tf_like: bool = False,
         value_loss: Literal["mse", "huber"] = "mse",
         adaptive_lr: dict[str, Any] | None = None,
-        normalize_value: bool = False,
+        normalize_value: NormalizeValue = "auto",
         use_sde: bool = False,
         sde_sample_freq: int = -1,
         rollout_buffer_class: type[RolloutBuffer] | None = None,
@@ -160,7 +165,8 @@ class SafeA2C(A2C):
         self.use_rms_prop_tf_like = use_rms_prop_tf_like
         self.value_loss = value_loss
         self.adaptive_lr = check_adaptive_lr(adaptive_lr)
-        self.normalize_value = bool(normalize_value)
+        #: True, False or "auto" until _setup_model decides it (saved decided)
+        self.normalize_value: NormalizeValue = check_normalize_value(normalize_value)
         # Created before A2C's constructor and saved with the model, so the skip count survives save/load
         self.guarded_step = GuardedOptimizerStep()
         super().__init__(
@@ -217,10 +223,13 @@ class SafeA2C(A2C):
         :return: the model
         """
         custom_objects = continue_stock_checkpoint(path, cls.policy_aliases, ("value_loss",), custom_objects)
+        # A checkpoint from before normalize_value (or a stock one) was trained with SB3's critic
+        kwargs = with_settings_of_older_checkpoints(path, {"normalize_value": False}, kwargs)
         return super().load(path, env, device, custom_objects, print_system_info, force_reset, **kwargs)
 
     def _setup_model(self) -> None:
         super()._setup_model()
+        self.normalize_value = resolve_normalize_value(self.normalize_value, self.env)
         if self.normalize_value:
             install_value_normalization(self.policy)
 

@@ -125,3 +125,21 @@ def continue_stock_checkpoint(
     if policy_class is None:
         return custom_objects
     return {"policy_class": policy_class, **(custom_objects or {})}
+
+
+def with_settings_of_older_checkpoints(
+    path: str | pathlib.Path | io.BufferedIOBase, settings: dict[str, Any], kwargs: dict[str, Any]
+) -> dict[str, Any]:
+    """
+    ``load``'s ``kwargs`` with, for each setting in ``settings`` the checkpoint does not have (saved before the
+    setting existed, or by a stock algorithm), the value that reproduces the saved model; the caller's ``kwargs``
+    take precedence. An unreadable file: ``kwargs`` unchanged (SB3's ``load`` reports it).
+
+    :param path: the checkpoint
+    :param settings: attribute -> the value a checkpoint without it was trained with (e.g. ``normalize_value=False``)
+    :param kwargs: the keyword arguments given to ``load``
+    """
+    data = read_checkpoint_data(path)
+    if data is None:
+        return kwargs
+    return {**{key: value for key, value in settings.items() if key not in data}, **kwargs}

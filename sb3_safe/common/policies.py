@@ -2,6 +2,7 @@
 
 import inspect
 import warnings
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import numpy as np
@@ -23,6 +24,7 @@ from sb3_safe.common.distributions import (
     validate_log_std_range,
     validate_logit_bound,
 )
+from sb3_safe.common.value_norm import install_saved_value_normalization
 
 #: What the algorithms of other policy families read from their policy right after building it (in
 #: ``_setup_model``), and which algorithms read it
@@ -231,6 +233,19 @@ class SafeActorCriticPolicy(SafeDistributionMixin, ActorCriticPolicy):
             observation_space, action_space, lr_schedule, squash_output=sb3_squash_output, use_sde=use_sde, **kwargs
         )
         self._squash_output = squash_output
+
+    def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True, assign: bool = False) -> Any:
+        """
+        ``th.nn.Module.load_state_dict``; a state dict saved with ``normalize_value`` installs the normalized value head
+        first, so any algorithm loads it (stock PPO's load of a KLAdaptivePPO checkpoint included).
+
+        :param state_dict: the parameters and buffers to load
+        :param strict: whether the keys must match this module's exactly
+        :param assign: whether to assign the loaded tensors instead of copying into the existing ones
+        :return: the missing and unexpected keys
+        """
+        install_saved_value_normalization(self, state_dict)
+        return super().load_state_dict(state_dict, strict=strict, assign=assign)
 
     def _set_safe_action_dist(self) -> None:
         self.action_dist = make_safe_distribution(

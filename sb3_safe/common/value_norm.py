@@ -22,13 +22,15 @@ to rounding).
 """
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from typing import Any, Literal
 
 import numpy as np
 import torch as th
 from stable_baselines3.common.base_class import BaseAlgorithm
 from stable_baselines3.common.policies import ActorCriticPolicy
 from stable_baselines3.common.utils import explained_variance
+from stable_baselines3.common.vec_env import VecEnv, VecEnvWrapper, VecNormalize
 from torch import nn
 from torch.nn import functional as F
 
@@ -36,6 +38,8 @@ from torch.nn import functional as F
 MIN_STD = 1e-8
 #: The names of the head's statistics buffers: statistics of the returns in reward units, not weights
 STATISTICS = ("return_mean", "return_var", "return_count")
+#: ``normalize_value``'s settings: ``"auto"`` is on unless the environment's rewards are normalized already
+NormalizeValue = bool | Literal["auto"]
 
 
 class PopArtValueHead(nn.Module):
@@ -163,6 +167,59 @@ def install_value_normalization(policy: ActorCriticPolicy) -> PopArtValueHead:
     # The policy's annotation says nn.Linear; the head is a module in its place with the same parameters
     policy.value_net = head  # type: ignore[assignment]
     return head
+
+
+def rewards_normalized(env: VecEnv | None) -> bool:
+    """
+    :param env: an environment (None: none yet)
+    :return: whether some wrapper of ``env`` is a ``VecNormalize`` with ``norm_reward=True`` (its rewards are then
+        scaled to a unit return already)
+    """
+    while env is not None:
+        if isinstance(env, VecNormalize) and env.norm_reward:
+            return True
+        env = env.venv if isinstance(env, VecEnvWrapper) else None
+    return False
+
+
+def check_normalize_value(normalize_value: Any) -> NormalizeValue:
+    """
+    :param normalize_value: a safe algorithm's ``normalize_value`` argument
+    :return: it, checked
+    :raises ValueError: if it is not True, False or ``"auto"``
+    """
+    if normalize_value is True or normalize_value is False or normalize_value == "auto":
+        return normalize_value
+    raise ValueError(f"normalize_value must be True, False or 'auto', got {normalize_value!r}")
+
+
+def resolve_normalize_value(normalize_value: NormalizeValue, env: VecEnv | None) -> bool:
+    """
+    Whether to normalize the value targets: ``"auto"`` is on, except where the rewards are normalized already
+    (:func:`rewards_normalized`): PopArt on top of ``VecNormalize(norm_reward=True)`` learned worse on Acrobot-v1
+    (SafeA2C at the tuned settings, KLAdaptivePPO at a too-high learning rate), where alone each learns
+    (``benchmarks/results/learning.md``, ``benchmarks.value_norm_vecnormalize``).
+
+    :param normalize_value: True, False or ``"auto"``
+    :param env: the environment the model trains on (decided once, when the model is set up)
+    """
+    if normalize_value == "auto":
+        return env is not None and not rewards_normalized(env)
+    return bool(normalize_value)
+
+
+def install_saved_value_normalization(policy: ActorCriticPolicy, state_dict: Mapping[str, Any]) -> None:
+    """
+    Put a :class:`PopArtValueHead` in place of ``policy.value_net`` if ``state_dict`` (the policy's, about to be
+    loaded) holds its statistics: so that any algorithm, stock PPO included, loads a checkpoint of a model trained
+    with ``normalize_value`` (the head's values are in reward units; without ``normalize_value`` its statistics
+    stay as saved).
+
+    :param policy: the policy the state dict is loaded into
+    :param state_dict: the state dict
+    """
+    if value_head(policy) is None and "value_net.return_mean" in state_dict:
+        install_value_normalization(policy)
 
 
 def value_head(policy: nn.Module) -> PopArtValueHead | None:

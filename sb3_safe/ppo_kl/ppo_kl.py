@@ -15,7 +15,7 @@ from torch.nn import functional as F
 
 from sb3_safe.common.adaptive_lr import ADAPTIVE_LR_CALLBACK, check_adaptive_lr, with_adaptive_lr
 from sb3_safe.common.buffers import KLDictRolloutBuffer, KLDictRolloutBufferSamples, KLRolloutBuffer, KLRolloutBufferSamples
-from sb3_safe.common.checkpoints import continue_stock_checkpoint
+from sb3_safe.common.checkpoints import continue_stock_checkpoint, with_settings_of_older_checkpoints
 from sb3_safe.common.kl import analytic_kl, approx_kl, clamp_log_ratio, has_analytic_kl
 from sb3_safe.common.policies import SafeActorCriticPolicy, SafeCnnPolicy, SafeMultiInputPolicy
 from sb3_safe.common.updates import (
@@ -25,10 +25,13 @@ from sb3_safe.common.updates import (
     write_last_update_statistics,
 )
 from sb3_safe.common.value_norm import (
+    NormalizeValue,
+    check_normalize_value,
     explained_variance_float64,
     install_value_normalization,
     normalized_values,
     record_value_statistics,
+    resolve_normalize_value,
     value_head,
 )
 
@@ -120,7 +123,10 @@ class KLAdaptivePPO(PPO):
     :param normalize_value: regress the critic on returns normalized by their running mean and std, its last layer
         rescaled when they change so its values in reward units stay the same (PopArt,
         :mod:`sb3_safe.common.value_norm`): the value loss (then logged in normalized units) no longer grows with the
-        reward scale. The statistics are saved with the model; ``clip_range_vf`` then acts in normalized units
+        reward scale. The statistics are saved with the model. ``"auto"`` (the default): on, unless the environment's
+        rewards are normalized already (a ``VecNormalize(norm_reward=True)`` wrapper, where PopArt on top learned
+        worse, measured on Acrobot-v1); decided when the model is set up, saved decided. ``clip_range_vf`` then acts
+        in normalized units
     :param stats_window_size: as in PPO: the number of episodes the logged rollout statistics average over
     :param tensorboard_log: as in PPO: the TensorBoard log folder (None: no TensorBoard log)
     :param policy_kwargs: as in PPO: keyword arguments of the policy, the safe policies' ``log_std_range``,
@@ -167,7 +173,7 @@ class KLAdaptivePPO(PPO):
         kl_adapt_tolerance: float = 1.5,
         kl_adapt_factor: float = 2.0,
         adaptive_lr: dict[str, Any] | None = None,
-        normalize_value: bool = False,
+        normalize_value: NormalizeValue = "auto",
         stats_window_size: int = 100,
         tensorboard_log: str | None = None,
         policy_kwargs: dict[str, Any] | None = None,
@@ -226,7 +232,8 @@ class KLAdaptivePPO(PPO):
         self.kl_adapt_tolerance = float(kl_adapt_tolerance)
         self.kl_adapt_factor = float(kl_adapt_factor)
         self.adaptive_lr = check_adaptive_lr(adaptive_lr)
-        self.normalize_value = bool(normalize_value)
+        #: True, False or "auto" until _setup_model decides it (saved decided)
+        self.normalize_value: NormalizeValue = check_normalize_value(normalize_value)
         #: the KL penalty coefficient beta, adapted after each update phase (saved with the model)
         self.kl_beta = float(initial_kl_beta)
         # Created here, not in _setup_model, so that load() restores its counters
@@ -262,6 +269,8 @@ class KLAdaptivePPO(PPO):
         :return: the model
         """
         custom_objects = continue_stock_checkpoint(path, cls.policy_aliases, ("kl_beta",), custom_objects)
+        # A checkpoint from before normalize_value (or a stock one) was trained with SB3's critic
+        kwargs = with_settings_of_older_checkpoints(path, {"normalize_value": False}, kwargs)
         return super().load(path, env, device, custom_objects, print_system_info, force_reset, **kwargs)
 
     def _setup_model(self) -> None:
@@ -280,6 +289,7 @@ class KLAdaptivePPO(PPO):
             )
         super()._setup_model()
         self.rollout_buffer.attach_policy(self.policy)
+        self.normalize_value = resolve_normalize_value(self.normalize_value, self.env)
         if self.normalize_value:
             install_value_normalization(self.policy)
 
