@@ -79,14 +79,25 @@ MODULES: dict[str, list[str]] = {
     ],
     "sb3_safe/a2c_safe/a2c_safe.py": ["tests/test_a2c_safe.py", "tests/test_promises.py"],
     "sb3_safe/ppo_kl/ppo_kl.py": ["tests/test_promises.py", "tests/test_ppo_kl.py"],
-    "sb3_safe/common/adaptive_lr.py": ["tests/test_adaptive_lr.py", "tests/test_supervisor.py", "tests/test_faults.py"],
+    "sb3_safe/common/adaptive_lr.py": [
+        "tests/test_adaptive_lr.py",
+        "tests/test_adaptive_lr_promises.py",
+        "tests/test_supervisor.py",
+        "tests/test_faults.py",
+    ],
     "sb3_safe/common/distributions.py": [
         "tests/test_promises.py",
         "tests/test_distributions.py",
         "tests/test_verified_distributions.py",
         "tests/test_policies.py",
+        "tests/test_distributions_promises.py",
     ],
-    "sb3_safe/common/kl.py": ["tests/test_kl.py", "tests/test_kl_exact.py", "tests/test_promises.py"],
+    "sb3_safe/common/kl.py": [
+        "tests/test_kl.py",
+        "tests/test_kl_exact.py",
+        "tests/test_promises.py",
+        "tests/test_kl_promises.py",
+    ],
 }
 
 _COMPARISONS = [("Lt", "LtE"), ("Lt", "GtE"), ("LtE", "Lt"), ("LtE", "Gt"), ("Gt", "GtE"), ("Gt", "LtE"), ("GtE", "Gt"),
@@ -146,6 +157,218 @@ HAND_TESTS = ["tests/test_promises.py"]
 #: Survivors that change no behaviour, by row key (``module:operator:occurrence@source``: a changed source is triaged
 #: again), with why
 EQUIVALENT: dict[str, str] = {
+    "sb3_safe/common/kl.py:core/ReplaceComparisonOperator_Gt_GtE:0@134ad189f87a": (
+        "mass = Phi(-lower) - Phi(-upper) or Phi(upper) - Phi(lower) are the same quantity; `>=` only changes the choice "
+        "at lower == 0.0 exactly, where both differences are of values in [0.5, 1] and round alike (~1e-16 absolute)."
+    ),
+    "sb3_safe/common/kl.py:core/ReplaceComparisonOperator_Eq_NotEq:1@134ad189f87a": (
+        "Equal-shape gradients go through sum_to_size(same shape), a no-op; broadcast ones are returned unreduced, and "
+        "torch's autograd engine (validate_outputs) sums an expandable gradient to the input's shape itself."
+    ),
+    "sb3_safe/common/kl.py:core/ReplaceBinaryOperator_Mul_Div:14@134ad189f87a": (
+        "outward holds exactly +1.0 and -1.0, so PRESQUASH_BOUND / outward == PRESQUASH_BOUND * outward bit for bit."
+    ),
+    "sb3_safe/common/kl.py:core/ReplaceUnaryOperator_Delete_USub:31@134ad189f87a": (
+        "Every categorical's log-probabilities are (batch, n) tensors (torch Categorical logits of 2-D inputs), so "
+        "shape[1] is shape[-1]."
+    ),
+    "sb3_safe/common/kl.py:core/NumberReplacer:10@134ad189f87a": (
+        "-1e30 + 1 == -1e30 in float64 (spacing there ~1.4e14): the constant is bit-identical."
+    ),
+    "sb3_safe/common/kl.py:core/NumberReplacer:11@134ad189f87a": (
+        "-1e30 - 1 == -1e30 in float64 (spacing there ~1.4e14): the constant is bit-identical."
+    ),
+    "sb3_safe/common/kl.py:core/NumberReplacer:15@134ad189f87a": (
+        "Taken only when len(log_probs) == 1, where log_probs[-1] is log_probs[0]."
+    ),
+    "sb3_safe/common/kl.py:core/NumberReplacer:17@134ad189f87a": (
+        "With one 2-D tensor th.cat([t], dim=1) returns a copy of t with the same values and the same autograd graph "
+        "(CatBackward passes the gradient through), so distribution_params' value and gradients are unchanged."
+    ),
+    "sb3_safe/common/kl.py:core/NumberReplacer:29@134ad189f87a": (
+        "z^2 + expm1(2d) >= expm1(2d) >= 2d in floating point (rounded addition of a non-negative term is monotone; a "
+        "faithfully rounded expm1(x) is never below x, checked exhaustively on CPU for every float32 |x| < 4), so the "
+        "sum before the clamp is never negative and clamp(min=-1) == clamp(min=0)."
+    ),
+    "sb3_safe/common/kl.py:core/NumberReplacer:100@134ad189f87a": (
+        "Same quantity, other tail: for lower in (0, 1] it computes Phi(upper) - Phi(lower) instead of "
+        "Phi(-lower) - Phi(-upper), both differences of values >= 0.16 with the same ~1e-16 absolute rounding; the "
+        "precise-tail choice only matters deeper in the tail (lower > 1), which the mutant keeps."
+    ),
+    "sb3_safe/common/kl.py:core/NumberReplacer:101@134ad189f87a": (
+        "Same quantity, other tail: for lower in (-1, 0] it computes Phi(-lower) - Phi(-upper) instead of "
+        "Phi(upper) - Phi(lower), both differences of values >= 0.16 with the same ~1e-16 absolute rounding; no value "
+        "or gradient changes beyond float64 rounding."
+    ),
+    "sb3_safe/common/kl.py:core/NumberReplacer:221@134ad189f87a": (
+        "_batch_mean only receives 1-D per-sample KLs (batch,), so shape[-1] is shape[0]."
+    ),
+    "sb3_safe/common/kl.py:core/NumberReplacer:223@134ad189f87a": (
+        "_batch_mean only receives 1-D per-sample KLs (batch,), so sum(dim=-1) is sum(dim=0)."
+    ),
+    "sb3_safe/common/kl.py:core/NumberReplacer:243@134ad189f87a": (
+        "A single categorical then takes the multi-categorical path: the same per-sample kl_div sums ('none' "
+        "identical); for 'batchmean' each sample is clamped at 0 before the divided sum instead of the divided sum "
+        "being clamped, which differs only by the float rounding (~1e-7) of nearly equal samples: the mean of the "
+        "per-sample KLs either way."
+    ),
+    "sb3_safe/common/kl.py:core/NumberReplacer:245@134ad189f87a": (
+        "Taken only when len(log_probs) == 1, where log_probs[-1] is log_probs[0]."
+    ),
+    "sb3_safe/common/kl.py:core/NumberReplacer:257@134ad189f87a": (
+        "expm1(x) - x with x = the clamped log-ratio is never negative in floating point (a faithfully rounded expm1(x) "
+        "is >= x; checked exhaustively on CPU for every float32 |x| < 4, beyond which the difference is >= 1), so "
+        "clamp(min=-1) == clamp(min=0)."
+    ),
+    "sb3_safe/common/kl.py:core/ReplaceTrueWithFalse:0@134ad189f87a": (
+        "grads and ctx.shapes are both 4-tuples by construction, so strict=True never raises and zip is the same."
+    ),
+    "sb3_safe/common/kl.py:core/ReplaceTrueWithFalse:1@134ad189f87a": (
+        "grads, ctx.shapes, ctx.dtypes and needs[:4] all have exactly 4 entries by construction: zip is the same."
+    ),
+    "sb3_safe/common/kl.py:core/ReplaceTrueWithFalse:3@134ad189f87a": (
+        "split() with sizes from log_probs raises unless they sum to old_params' width, and then returns exactly "
+        "len(log_probs) chunks, so the two zipped sequences always have equal length."
+    ),
+    "sb3_safe/common/kl.py:core/ReplaceAndWithOr:0@134ad189f87a": (
+        "grad_mean is None only when neither needs[0] nor needs[2]; the mutant only also returns -grad_mean for a "
+        "mean_q that does not require grad, a gradient autograd discards (a Function may return one for such an input)."
+    ),
+    "sb3_safe/common/kl.py:core/ReplaceAndWithOr:1@134ad189f87a": (
+        "g is computed whenever its input needs a gradient (grads[0:2] if needs[0] or needs[1], grads[2:4] if needs[2] "
+        "or needs[3]); the mutant only adds gradients for inputs that do not require grad, which autograd discards."
+    ),
+    "sb3_safe/common/kl.py:core/RemoveDecorator:0@134ad189f87a": (
+        "autograd calls forward through the class (cls.forward(ctx, *args)); a plain function looked up on a class is "
+        "the function itself in Python 3, so it receives the same arguments with or without @staticmethod."
+    ),
+    "sb3_safe/common/kl.py:core/RemoveDecorator:1@134ad189f87a": (
+        "autograd calls backward through the class (_forward_cls.backward(ctx, *grads)); a plain function looked up on "
+        "a class is the function itself in Python 3, so it receives the same arguments with or without @staticmethod."
+    ),
+    "sb3_safe/common/kl.py:core/RemoveDecorator:2@134ad189f87a": (
+        "autograd calls forward through the class (cls.forward(ctx, *args)); a plain function looked up on a class is "
+        "the function itself in Python 3, so it receives the same arguments with or without @staticmethod."
+    ),
+    "sb3_safe/common/kl.py:core/RemoveDecorator:3@134ad189f87a": (
+        "autograd calls backward through the class (_forward_cls.backward(ctx, *grads)); a plain function looked up on "
+        "a class is the function itself in Python 3, so it receives the same arguments with or without @staticmethod."
+    ),
+    "sb3_safe/common/adaptive_lr.py:core/ReplaceComparisonOperator_Lt_LtE:5@36837a44f7fc": (
+        "_decide: where the newest factor is exactly 1.0 the mutant returns factors[-1] == 1.0, and the original falls"
+        " through to `min(factors) <= 1.0`, which holds (1.0 is among them) and returns 1.0: the same value."
+    ),
+    "sb3_safe/common/adaptive_lr.py:core/ReplaceComparisonOperator_LtE_Lt:5@36837a44f7fc": (
+        "_decide: the two differ only where min(factors) == 1.0 exactly; the original returns 1.0, the mutant falls"
+        " through to `return min(factors)`, which is 1.0: the same value."
+    ),
+    "sb3_safe/common/adaptive_lr.py:core/ReplaceComparisonOperator_Gt_GtE:2@36837a44f7fc": (
+        "learning_rate is the optimizer's rate after train(), which the bounded ScaledSchedule set (set at training"
+        " start; _check_bounds requires lowest > 0), so it is >= lowest > 0 and `> 0.0` and `>= 0.0` always agree."
+    ),
+    "sb3_safe/common/adaptive_lr.py:core/NumberReplacer:87@36837a44f7fc": (
+        "learning_rate is the step's rate, clamped into lr_bounds whose lowest is > 0 (_check_bounds), so"
+        " `> 0.0` and `> -1.0` are both always true."
+    ),
+    "sb3_safe/common/adaptive_lr.py:core/ReplaceComparisonOperator_Gt_GtE:3@36837a44f7fc": (
+        "_limited returns 1.0 at line 407 whenever factor == 1.0, so at line 411 factor != 1.0 and"
+        " `factor > 1.0` and `factor >= 1.0` agree."
+    ),
+    "sb3_safe/common/adaptive_lr.py:core/NumberReplacer:41@36837a44f7fc": (
+        "verbose default -1 instead of 0: the only read of self.verbose is `self.verbose >= 1` (print a redo), false"
+        " for both; BaseCallback only stores it."
+    ),
+    "sb3_safe/common/adaptive_lr.py:core/NumberReplacer:56@36837a44f7fc": (
+        "_window_start's initial value is never read: _on_training_start sets it to model.num_timesteps before any"
+        " update is judged (judge_update is only reachable through a learn())."
+    ),
+    "sb3_safe/common/adaptive_lr.py:core/NumberReplacer:57@36837a44f7fc": (
+        "_window_start's initial value is never read: _on_training_start sets it to model.num_timesteps before any"
+        " update is judged."
+    ),
+    "sb3_safe/common/adaptive_lr.py:core/NumberReplacer:58@36837a44f7fc": (
+        "The initial deque is replaced in _on_training_start by deque(maxlen=targets.raise_after) before _decide can"
+        " append to it; its maxlen is never observed."
+    ),
+    "sb3_safe/common/adaptive_lr.py:core/NumberReplacer:60@36837a44f7fc": (
+        "_updates' initial value is never read: at the first learn() _counted_model is None, so same_model is False"
+        " and _on_training_start resets _updates to 0 before prepare_update reads it."
+    ),
+    "sb3_safe/common/adaptive_lr.py:core/NumberReplacer:61@36837a44f7fc": (
+        "_updates' initial value is never read: the first learn() resets it to 0 (_counted_model is None, so"
+        " same_model is False) before prepare_update reads it."
+    ),
+    "sb3_safe/common/adaptive_lr.py:core/NumberReplacer:62@36837a44f7fc": (
+        "_measure_every's initial value is never read: _on_training_start always assigns it (line 285) before"
+        " prepare_update uses it."
+    ),
+    "sb3_safe/common/adaptive_lr.py:core/NumberReplacer:63@36837a44f7fc": (
+        "_measure_every's initial value (0 would divide by zero) is never read: _on_training_start always assigns it"
+        " before prepare_update uses it."
+    ),
+    "sb3_safe/common/adaptive_lr.py:core/NumberReplacer:84@36837a44f7fc": (
+        "The `else 1` branch needs model.env None, which cannot be inside learn(): SB3 collects rollouts from"
+        " model.env, so a redo (which follows a collected rollout) always has an env and reads env.num_envs."
+    ),
+    "sb3_safe/common/adaptive_lr.py:core/NumberReplacer:85@36837a44f7fc": (
+        "The `else 1` branch needs model.env None, which cannot be inside learn() (SB3 collects the rollout being"
+        " redone from model.env): the constant is never used."
+    ),
+    "sb3_safe/common/adaptive_lr.py:core/NumberReplacer:91@36837a44f7fc": (
+        "param_groups[0] vs [-1]: SB3's policies build their optimizer with one parameter group, and both SB3's"
+        " update_learning_rate and schedules.apply_learning_rate set every group to the same rate, so first == last."
+    ),
+    "sb3_safe/common/adaptive_lr.py:core/NumberReplacer:105@36837a44f7fc": (
+        "_limited never returns 0 (a clamped rate >= lowest > 0 over rate > 0), so the mutant only adds"
+        " scale_learning_rate(..., 1.0) calls: the same scale and bounds, and the optimizer set to the schedule's"
+        " current rate, which train() (at the same progress) or the last scaling already set."
+    ),
+    "sb3_safe/common/adaptive_lr.py:core/ReplaceTrueWithFalse:4@36837a44f7fc": (
+        "lean=False only adds a gradient-norm statistic (never read for an undo) and a VecNormalize copy: the"
+        " snapshot is taken at the rollout end and restored before the next env step, and train() does not touch"
+        " VecNormalize, so its restore writes back the values already there."
+    ),
+    "sb3_safe/common/adaptive_lr.py:core/ReplaceFalseWithTrue:3@36837a44f7fc": (
+        "A recorder armed at construction only records an unmeasured update's batch, which nothing reads: every"
+        " measured update (and every redo) calls arm() first, which clears `recorded` before its step."
+    ),
+    "sb3_safe/common/adaptive_lr.py:core/ReplaceFalseWithTrue:4@36837a44f7fc": (
+        "A2C-style train() takes exactly one optimizer step per update, so disarming after it changes nothing for"
+        " that update; staying armed only records later unmeasured updates, never read, as arm() clears `recorded`"
+        " before each measured update and redo."
+    ),
+    "sb3_safe/common/adaptive_lr.py:core/ReplaceBreakWithContinue:0@36837a44f7fc": (
+        "When the loop breaks because there is nothing to undo, kl and the snapshot are unchanged, so with"
+        " `continue` every remaining iteration re-evaluates the same condition and does nothing: same state after."
+    ),
+    "sb3_safe/common/adaptive_lr.py:core/ReplaceBreakWithContinue:1@36837a44f7fc": (
+        "When the cut is >= 1 (rate at the lower bound) nothing has changed, so with `continue` each remaining"
+        " iteration computes the same kl test and the same cut >= 1 and does nothing: same state after the loop."
+    ),
+    "sb3_safe/common/distributions.py:core/ReplaceComparisonOperator_Lt_LtE:2@283c5f01c4f6": (
+        "The two branches of log_normal_cdf agree at the only point where the choice changes (z = 0 or -0): both give "
+        "log(0.5) and both have gradient sqrt(2/pi), bit for bit in float32 and float64 (checked numerically)."
+    ),
+    "sb3_safe/common/distributions.py:core/NumberReplacer:12@283c5f01c4f6": (
+        "1e20 and 1e+20 are the same float literal: DIFFERENCE_LIMIT keeps exactly the same value."
+    ),
+    "sb3_safe/common/distributions.py:core/NumberReplacer:13@283c5f01c4f6": (
+        "1e20 and 1e+20 are the same float literal: DIFFERENCE_LIMIT keeps exactly the same value."
+    ),
+    "sb3_safe/common/distributions.py:core/NumberReplacer:19@283c5f01c4f6": (
+        "np.nextafter(float32 1, float32 -1) and np.nextafter(float32 1, float32 0) are the same number (the largest "
+        "float32 below 1), so INNER_LIMIT does not change."
+    ),
+    "sb3_safe/common/distributions.py:core/NumberReplacer:54@283c5f01c4f6": (
+        "Clamping the left tail's input at 1 instead of 0 changes left_tail only where z > 0, where th.where selects "
+        "right_side; left_tail stays finite there (z <= 1), so the unselected branch gets a zero gradient: identical "
+        "values and gradients (checked on float32 and float64 grids)."
+    ),
+    "sb3_safe/common/distributions.py:core/NumberReplacer:57@283c5f01c4f6": (
+        "Clamping the right side's input at -1 instead of 0 changes right_side only where z < 0, where th.where "
+        "selects left_tail; right_side stays finite there (Phi(-1) > 0), so values and gradients are identical "
+        "(checked on float32 and float64 grids)."
+    ),
     # A snapshot's defaults: only a committed snapshot is read, and commit() captures it first
     "sb3_safe/common/guard/snapshot.py:core/NumberReplacer:0@42e79fa34e77": (
         "the default `timestep` is never read: capture() sets it on every snapshot before commit() makes it the healthy"

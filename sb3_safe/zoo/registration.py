@@ -78,7 +78,8 @@ def _sample_adaptive_lr(trial: optuna.Trial, algo: str) -> dict[str, float]:
 
 
 def _sample_value_normalization(trial: optuna.Trial) -> dict[str, bool]:
-    # Off by default (benchmarks/results/reward_scale_full/reward_scale.md): the tuning decides where it pays
+    # The default ("auto") turns it on unless VecNormalize normalizes the rewards (benchmarks/results/learning.md):
+    # the tuning tries both, whatever the entry's `normalize`
     return {"normalize_value": trial.suggest_categorical("normalize_value", [False, True])}
 
 
