@@ -355,12 +355,7 @@ def test_torch_files_are_scanned_four_deep_and_deeper_nesting_is_named(
     canary = _watched(tmp_path / "canary")
     outer = _nested_torch_files(levels, _payload("builtins.eval", canary), legacy)
     path = rewrite_zip(model_zip, tmp_path / "nested.zip", data=lambda data: data | {"weights": serialized(outer)})
-    status, out, err = _doctor(path, capsys)
-    found = "would run code from builtins.eval" in out
-    too_deep = "torch files nested more than 4 deep" in out + err
-    expected = (EXIT_UNHEALTHY, True, False) if levels == 4 else (EXIT_UNREADABLE, False, True)
-    assert (status, found, too_deep) == expected, out + err
-    _assert_never_created(canary)
+    _assert_found_at_4_refused_deeper(_doctor(path, capsys), levels, canary)
 
 
 def test_a_pth_entry_whose_nested_torch_file_runs_code_is_not_loaded(
@@ -852,12 +847,7 @@ def test_the_nesting_limit_holds_in_pickle_files_and_pth_entries(
     else:
         policy = _torch_bytes_4(_state_dict(model_zip) | {"x": nested})
         path = rewrite_zip(model_zip, tmp_path / "nested.zip", replace={"policy.pth": policy})
-    status, out, err = _doctor(path, capsys)
-    found = "would run code from builtins.eval" in out
-    too_deep = "torch files nested more than 4 deep" in out + err
-    expected = (EXIT_UNHEALTHY, True, False) if levels == 4 else (EXIT_UNREADABLE, False, True)
-    assert (status, found, too_deep) == expected, out + err
-    _assert_never_created(canary)
+    _assert_found_at_4_refused_deeper(_doctor(path, capsys), levels, canary)
 
 
 def _unsafe_pth(canary: Path) -> dict[str, bytes]:
@@ -990,3 +980,13 @@ def test_a_class_a_file_may_name_may_not_be_called_while_loading(
         "(the pickle calls it"
     )
     assert (finding in out) == called
+
+
+def _assert_found_at_4_refused_deeper(result: tuple[int, str, str], levels: int, canary: Path) -> None:
+    """Nested 4 deep: the payload is named (exit 1); deeper: the file is refused as too deep (exit 2); nothing ran."""
+    status, out, err = result
+    found = "would run code from builtins.eval" in out
+    too_deep = "torch files nested more than 4 deep" in out + err
+    expected = (EXIT_UNHEALTHY, True, False) if levels == 4 else (EXIT_UNREADABLE, False, True)
+    assert (status, found, too_deep) == expected, out + err
+    _assert_never_created(canary)

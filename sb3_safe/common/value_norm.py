@@ -30,7 +30,7 @@ import torch as th
 from stable_baselines3.common.base_class import BaseAlgorithm
 from stable_baselines3.common.policies import ActorCriticPolicy
 from stable_baselines3.common.utils import explained_variance
-from stable_baselines3.common.vec_env import VecEnv, VecEnvWrapper, VecNormalize
+from stable_baselines3.common.vec_env import VecEnv, unwrap_vec_normalize
 from torch import nn
 from torch.nn import functional as F
 
@@ -175,11 +175,8 @@ def rewards_normalized(env: VecEnv | None) -> bool:
     :return: whether some wrapper of ``env`` is a ``VecNormalize`` with ``norm_reward=True`` (its rewards are then
         scaled to a unit return already)
     """
-    while env is not None:
-        if isinstance(env, VecNormalize) and env.norm_reward:
-            return True
-        env = env.venv if isinstance(env, VecEnvWrapper) else None
-    return False
+    vec_normalize = unwrap_vec_normalize(env) if env is not None else None
+    return vec_normalize is not None and vec_normalize.norm_reward
 
 
 def check_normalize_value(normalize_value: Any) -> NormalizeValue:
