@@ -457,6 +457,29 @@ def stalled_model(name: str) -> BaseAlgorithm:
     return PPO(SafeMlpPolicy, huge_reward_env(), n_steps=16, batch_size=32, policy_kwargs=small, seed=0)
 
 
+def test_a_stall_names_the_scale_of_the_observations() -> None:
+    """
+    Observations far from unit scale saturate the network's units, so that no gradient reaches the weights (the
+    stress suite's MaskablePPO with observations x 1e11 stalls so): the stall message gives their largest magnitude
+    and the fix, not only the rewards'.
+    """
+
+    def scaled(env: gym.Env) -> gym.Env:
+        space = gym.spaces.Box(-np.inf, np.inf, shape=env.observation_space.shape, dtype=np.float32)
+        return gym.wrappers.TransformObservation(env, lambda obs: (obs * 1e11).astype(np.float32), space)
+
+    env = make_vec_env("CartPole-v1", n_envs=1, seed=0, wrapper_class=scaled)
+    # Gradients clipped to nothing: the parameters never move, whatever the observations
+    model = PPO(SafeMlpPolicy, env, n_steps=32, batch_size=32, max_grad_norm=0.0, seed=0)
+    guard = NonFiniteGuardCallback(on_nonfinite="stop", stall_updates=4)
+    model.learn(32 * 10, callback=guard)
+    [event] = guard.events
+    assert event.source == "stall"
+    largest = re.search(r"largest \|observation\|: ([0-9.]+e[+-][0-9]+)", event.message)
+    assert largest is not None and 1e9 < float(largest.group(1)) < 1e12
+    assert "VecNormalize(norm_obs=True)" in event.message
+
+
 @pytest.mark.parametrize("mode", ["raise", "stop", "rollback"])
 @pytest.mark.parametrize("name", ["SafeA2C", "SafeA2C-huber", "KLAdaptivePPO", "PPO+SafeMlpPolicy"])
 def test_rewards_times_1e30_stall_is_reported_once_within_10_updates_naming_the_cause(name: str, mode: str) -> None:

@@ -58,13 +58,13 @@ class StallWatch:
         self._unchanged = 0
         self._updates_since_check = 0
         self._n_updates: int | None = None
-        #: the largest |reward| and |return| of the last rollouts, recorded while updates stall
-        self.largest: tuple[float, float] | None = None
+        #: the largest |reward|, |return| and |observation| of the last rollouts, recorded while updates stall
+        self.largest: tuple[float, float, float | None] | None = None
 
     def before_update(self, model: BaseAlgorithm) -> None:
         """
         At a rollout end: start counting the update's optimizer steps; while updates stall, record the rollout's
-        largest reward and return (for the message; free while training is healthy).
+        largest reward, return and observation (for the message; free while training is healthy).
 
         :param model: the algorithm
         """
@@ -76,7 +76,11 @@ class StallWatch:
         returns = getattr(buffer, "returns", None)
         if isinstance(returns, np.ndarray):
             with np.errstate(over="ignore", invalid="ignore"):
-                self.largest = (float(np.abs(buffer.rewards).max()), float(np.abs(returns).max()))
+                self.largest = (
+                    float(np.abs(buffer.rewards).max()),
+                    float(np.abs(returns).max()),
+                    _largest_abs_observation(getattr(buffer, "observations", None)),
+                )
 
     def after_update(self, model: BaseAlgorithm, logger: Logger) -> str | None:
         """
@@ -121,10 +125,25 @@ class StallWatch:
         """What the rollouts of the stalled updates held, for the message."""
         if self.largest is None:
             return ""
-        reward, returned = self.largest
-        text = f"Largest |reward| in the last rollout: {reward:.3g}, largest |return|: {returned:.3g}"
+        reward, returned, observation = self.largest
+        # SB3 adds the discounted value of a truncated episode's last observation to its last reward
+        text = (
+            f"Largest |reward| in the last rollout (with the values bootstrapped at truncations): {reward:.3g}, "
+            f"largest |return|: {returned:.3g}"
+        )
+        if observation is not None:
+            text += f", largest |observation|: {observation:.3g}"
         if not returned <= SQUARE_OVERFLOW:
             return text + (
                 f": squared, as a mean-squared value loss squares it, a return above {SQUARE_OVERFLOW:.2g} overflows float32."
             )
         return text + "."
+
+
+def _largest_abs_observation(observations: Any) -> float | None:
+    """The largest |value| of a rollout buffer's float observations (Dict spaces: over their keys), None if none."""
+    arrays = list(observations.values()) if isinstance(observations, dict) else [observations]
+    floats = [
+        np.abs(array).max() for array in arrays if isinstance(array, np.ndarray) and array.size and array.dtype.kind == "f"
+    ]
+    return float(max(floats)) if floats else None
