@@ -73,12 +73,25 @@ MODULES: dict[str, list[str]] = {
     "sb3_safe/doctor/pickles.py": ["tests/test_doctor.py", "tests/test_doctor_hostile.py"],
     "sb3_safe/common/guard/response.py": [
         "tests/test_guard.py",
+        "tests/test_guard_response_promises.py",
         "tests/test_guard_cadence.py",
         "tests/test_guard_coverage.py",
         "tests/test_promises.py",
     ],
-    "sb3_safe/a2c_safe/a2c_safe.py": ["tests/test_a2c_safe.py", "tests/test_promises.py"],
-    "sb3_safe/ppo_kl/ppo_kl.py": ["tests/test_promises.py", "tests/test_ppo_kl.py"],
+    "sb3_safe/a2c_safe/a2c_safe.py": [
+        "tests/test_a2c_safe.py",
+        "tests/test_a2c_safe_promises.py",
+        "tests/test_promises.py",
+        "tests/test_value_norm.py",
+        "tests/test_supervisor.py",
+    ],
+    "sb3_safe/ppo_kl/ppo_kl.py": [
+        "tests/test_promises.py",
+        "tests/test_ppo_kl.py",
+        "tests/test_ppo_kl_promises.py",
+        "tests/test_value_norm.py",
+        "tests/test_supervisor.py",
+    ],
     "sb3_safe/common/adaptive_lr.py": [
         "tests/test_adaptive_lr.py",
         "tests/test_adaptive_lr_promises.py",
@@ -462,6 +475,26 @@ EQUIVALENT: dict[str, str] = {
         " while unarmed (the mutant's) is cleared before any update reads it, and no step comes armed without a batch"
         " (every train() reads the buffer before it steps)"
     ),
+    "sb3_safe/common/guard/response.py:core/NumberReplacer:15@6d17786cfdd2": (
+        "EndCollection's RolloutReturn is only read by OffPolicyAlgorithm.learn (DQN, SAC, TD3, DDPG, QRDQN, TQC, "
+        "CrossQ all call super().learn), which breaks on continue_training=False before reading episode_timesteps and"
+        " never reads n_episodes; the stand-in is removed at the end of learn(), so the first number is unobservable."
+    ),
+    "sb3_safe/common/guard/response.py:core/NumberReplacer:16@6d17786cfdd2": (
+        "EndCollection's RolloutReturn is only read by OffPolicyAlgorithm.learn, which breaks on "
+        "continue_training=False before reading any field but continue_training (n_episodes is never read there), and"
+        " the stand-in is removed at the end of learn(), so the second number is unobservable."
+    ),
+    "sb3_safe/common/guard/response.py:core/NumberReplacer:17@6d17786cfdd2": (
+        "EndCollection's RolloutReturn is only read by OffPolicyAlgorithm.learn, which breaks on "
+        "continue_training=False before reading any field but continue_training (n_episodes is never read there), and"
+        " the stand-in is removed at the end of learn(), so the second number is unobservable."
+    ),
+    "sb3_safe/a2c_safe/a2c_safe.py:core/NumberReplacer:29@d90326668a09": (
+        "The forward hook is registered on action_net only around the single evaluate_actions call of train(), and "
+        "every actor-critic policy SafeA2C accepts (SB3's and sb3-safe's Mlp/Cnn/MultiInput) calls action_net exactly"
+        " once there, so raw_outputs always holds one tensor and raw_outputs[0] is raw_outputs[-1]."
+    ),
 }
 
 #: One work copy, one mutant at a time (``--jobs`` above 1 is lowered to this)
@@ -843,6 +876,12 @@ def report(out: Path) -> None:
     metas = [json.loads(text) for text in path.read_text().splitlines() if text.strip() and '"kind": "meta"' in text]
     sessions = [m for m in metas if "wall_s" not in m]
     current, stale = _current_rows(rows)
+    # A mutant whose source equals the module's (an operator the code gives nothing to change) is no mutant
+    unchanged = {
+        mutant_key(row["module"], row["operator"], row["occurrence"])
+        for row in rows
+        if row["outcome"] == "no mutation" and row.get("source") == source_hash(row["module"])
+    }
     lines = reports.report_header(
         "Mutation testing of the modules that carry the promises",
         meta,
@@ -863,7 +902,7 @@ def report(out: Path) -> None:
     )
     table = []
     for module in MODULES:
-        every = [mutant_key(*mutant[:3]) for mutant in module_mutants(module)]
+        every = [key for key in (mutant_key(*mutant[:3]) for mutant in module_mutants(module)) if key not in unchanged]
         sample = every[:: _STRIDES["quick"]]
         mine = {key: current[key] for key in every if key in current}
         if len(mine) == len(every):
@@ -912,7 +951,10 @@ def report(out: Path) -> None:
         ],
         table,
     )
-    hand = [row for row in rows if row["operator"] in HAND_MUTANTS]
+    # The latest row of each hand mutant (rows of the code as it is now before stale ones)
+    latest = {row["operator"]: row for row in rows if row["operator"] in HAND_MUTANTS}
+    latest.update({row["operator"]: row for row in current.values() if row["operator"] in HAND_MUTANTS})
+    hand = [latest[operator] for operator in sorted(latest)]
     lines += ["", "## The four survivors of issue 41", ""]
     lines += reports.table(
         ["mutant", "outcome", "killed by", "source"],
