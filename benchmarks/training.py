@@ -174,7 +174,8 @@ def train(
     if prepare is not None:
         prepare(model)
     guard = make_guard(variant)
-    adaptive_lr = make_adaptive_lr(variant)
+    configured = config.kwargs.get("learning_rate")
+    adaptive_lr = make_adaptive_lr(variant, configured if isinstance(configured, float | int) else None)
     curve_callback = episode_curve_callback() if curve else None
     masked = masked_actions_callback() if variant.algo == "MaskablePPO" else None
     callbacks = [cb for cb in (curve_callback, masked, guard, adaptive_lr, *(callbacks or ())) if cb is not None]

@@ -1,0 +1,255 @@
+"""
+Why the recommended stack misses on some stress configurations (issue 39: a measured cause for every miss).
+
+Each probe trains a stress configuration (``benchmarks/stress.py``, its full budget unless said) a few ways that
+differ in one thing, more seeds than the suite, and records what the cause needs: the final return and, per update,
+the logged entropy, KL and learning rate; for the masked case, how far the raw logits lie beyond the safe bound.
+Resumable: rows already in the JSONL are skipped.
+
+Probes:
+
+- ``critic_speed``: CartPole-v1 at A2C's rl-zoo settings, unbroken, 8,000 steps: stock A2C, stock A2C with its
+  critic's output multiplied by 5 or 20 (the same parameters move the values in reward units that much faster), and
+  the stack (SafeA2C + guard + adaptive lr) with ``normalize_value`` off and on (its critic moves in units of the
+  returns' standard deviation).
+- ``a2c_cartpole``: the three A2C CartPole-v1 stress configurations, the stack with ``normalize_value`` off and on at
+  the suite's 8,000 steps, and on at 3x that.
+- ``lr_100x_ppo``: the stack as in the suite, the per-update trace.
+- ``masked_sgd_lr``: the stack as in the suite, and with the adaptive lr's bounds up to the configured rate (plain
+  SGD's step is the rate times the gradient: the default upper bound 1e-3 is sized for Adam and RMSprop).
+- ``masked_large_logits``: the stack as in the suite, and the same with the observations normalized
+  (``VecNormalize``, what SB3's docs prescribe for unscaled observations); the share of raw logits beyond 10x the
+  bound at the end.
+
+Usage::
+
+    python -m benchmarks.stress_causes [PROBE ...]   # all probes by default
+    python -m benchmarks.stress_causes --summary     # print the table of what ran
+"""
+
+import collections
+import dataclasses
+import json
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch as th
+from stable_baselines3.common.callbacks import BaseCallback
+
+from benchmarks import reports, stress, suite, training, variants
+
+OUT = reports.RESULTS / "stress_causes.jsonl"
+STACK = {"A2C": "SafeA2C+guard+KL-lr", "PPO": "KLAdaptivePPO+guard+KL-lr"}
+MASKED_STACK = "MaskablePPO+SafeMaskableMlpPolicy+guard+KL-lr"
+#: Logged values traced per update
+TRACED = ("train/entropy_loss", "train/approx_kl", "train/learning_rate", "train/logit_max")
+
+
+class TraceUpdates(BaseCallback):
+    """The values :data:`TRACED` that the last ``train()`` logged, read at the end of each rollout."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.points: list[dict[str, float]] = []
+
+    def _on_step(self) -> bool:
+        return True
+
+    def _on_rollout_end(self) -> None:
+        logged = self.model.logger.name_to_value
+        point = {key.split("/")[1]: float(logged[key]) for key in TRACED if key in logged}
+        if point:
+            self.points.append(dict(point, timesteps=self.model.num_timesteps))
+
+
+class ScaleCritic(th.nn.Module):
+    """A critic's last layer, its output multiplied by ``factor``: the values move ``factor`` times faster."""
+
+    def __init__(self, linear: th.nn.Module, factor: float) -> None:
+        super().__init__()
+        self.linear, self.factor = linear, factor
+
+    def forward(self, latent: th.Tensor) -> th.Tensor:
+        return self.linear(latent) * self.factor
+
+
+def _scale_critic(factor: float) -> Callable[[Any], None]:
+    def prepare(model: Any) -> None:
+        model.policy.value_net = ScaleCritic(model.policy.value_net, factor)
+
+    return prepare
+
+
+def logit_saturation(model: Any) -> dict[str, float]:
+    """The share of the last rollout's raw logits beyond 10x the policy's bound, and their median magnitude."""
+    raw: list[th.Tensor] = []
+    hook = model.policy.action_net.register_forward_hook(lambda _net, _input, output: raw.append(output.detach()))
+    try:
+        observations = model.rollout_buffer.observations.reshape(-1, *model.observation_space.shape)
+        with th.no_grad():
+            model.policy.get_distribution(th.as_tensor(observations, dtype=th.float32))
+    finally:
+        hook.remove()
+    logits = raw[0].abs()
+    bound = getattr(model.policy, "logit_bound", None) or float("inf")
+    return dict(
+        beyond_10x_bound=float((logits > 10 * bound).float().mean()),
+        median_abs_raw_logit=float(logits.median()),
+        logit_bound=bound,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class Probe:
+    """One way to train a stress configuration: ``label`` names it in the JSONL."""
+
+    label: str
+    config: str
+    variant: str
+    normalize_value: bool | None = None
+    broken: bool = True
+    steps_factor: int = 1
+    prepare: Callable[[Any], None] | None = None
+    normalize_obs: bool = False
+    lr_capped_at_configured: bool = False
+
+
+def probes() -> dict[str, tuple[list[Probe], tuple[int, ...]]]:
+    """Probe name: its ways to train and its seeds."""
+    cartpole = "reward_scale_1e6"  # its unbroken settings: rl-zoo's A2C CartPole-v1 entry
+    a2c_configs = ("reward_scale_1e6", "reward_spikes_1e6", "rmsprop_lr_100x_discrete")
+    return {
+        "critic_speed": (
+            [
+                Probe("A2C", cartpole, "A2C", broken=False),
+                Probe("A2C, critic x5", cartpole, "A2C", broken=False, prepare=_scale_critic(5.0)),
+                Probe("A2C, critic x20", cartpole, "A2C", broken=False, prepare=_scale_critic(20.0)),
+                Probe("stack, normalize_value off", cartpole, STACK["A2C"], normalize_value=False, broken=False),
+                Probe("stack, normalize_value on", cartpole, STACK["A2C"], normalize_value=True, broken=False),
+            ],
+            tuple(range(8)),
+        ),
+        "a2c_cartpole": (
+            [
+                probe
+                for name in a2c_configs
+                for probe in (
+                    Probe("stack, normalize_value off", name, STACK["A2C"], normalize_value=False),
+                    Probe("stack, normalize_value on", name, STACK["A2C"], normalize_value=True),
+                    Probe("stack, normalize_value on, 3x steps", name, STACK["A2C"], normalize_value=True, steps_factor=3),
+                    Probe("stock A2C, 3x steps (reference)", name, "A2C", broken=False, steps_factor=3),
+                )
+            ],
+            tuple(range(6)),
+        ),
+        "lr_100x_ppo": ([Probe("stack", "lr_100x_ppo", STACK["PPO"])], tuple(range(6))),
+        "masked_sgd_lr": (
+            [
+                Probe("stack", "masked_sgd_lr", MASKED_STACK),
+                # The adaptive lr's bounds from 1e-5 up to the configured 0.3 (the default upper bound: 1e-3)
+                Probe(
+                    "stack, lr_bounds up to the configured rate", "masked_sgd_lr", MASKED_STACK, lr_capped_at_configured=True
+                ),
+            ],
+            tuple(range(6)),
+        ),
+        "masked_large_logits": (
+            [
+                Probe("stack", "masked_large_logits", MASKED_STACK),
+                Probe("stack, observations normalized", "masked_large_logits", MASKED_STACK, normalize_obs=True),
+            ],
+            (0, 1, 2),
+        ),
+    }
+
+
+def run(probe: Probe, seed: int) -> dict[str, Any]:
+    """Train ``probe`` on ``seed``: the training row, the update trace, and the masked case's logit saturation."""
+    config = stress.CONFIGS[probe.config]
+    settings = stress._settings(config, broken=probe.broken)
+    if probe.normalize_obs:
+        settings = dataclasses.replace(settings, normalize=True)
+    variant = variants.VARIANTS[probe.variant]
+    if probe.normalize_value is not None:
+        variant = dataclasses.replace(variant, normalize_value=probe.normalize_value)
+    if probe.lr_capped_at_configured:
+        variant = dataclasses.replace(variant, lr_capped_at_configured=True)
+    steps = config.timesteps["full"] * probe.steps_factor
+    trace = TraceUpdates()
+    saturation: dict[str, float] = {}
+
+    def measure(model: Any) -> None:
+        if probe.config == "masked_large_logits":
+            saturation.update(logit_saturation(model))
+
+    class AtEnd(BaseCallback):
+        def _on_step(self) -> bool:
+            return True
+
+        def _on_training_end(self) -> None:
+            measure(self.model)
+
+    prepares = [step for step in (config.prepare if probe.broken else None, probe.prepare) if step is not None]
+    row = training.train(
+        variant,
+        config.env_id,
+        settings,
+        steps,
+        seed,
+        stress.EVAL_EPISODES["full"],
+        wrapper=config.wrapper if probe.broken else None,
+        eval_wrapper=config.eval_wrapper if probe.broken else None,
+        prepare=(lambda model: [step(model) for step in prepares]) if prepares else None,
+        callbacks=[trace, AtEnd()],
+    )
+    return dict(row, kind="run", probe_label=probe.label, config=probe.config, trace=trace.points, **saturation)
+
+
+def main(names: list[str]) -> None:
+    th.set_num_threads(1)  # as the suites' workers
+    done: set[tuple[str, str, str, int]] = set()
+    if OUT.exists():
+        done = {(r["probe"], r["config"], r["probe_label"], r["seed"]) for r in suite.read_jsonl(OUT)[1]}
+    else:
+        meta = dict(kind="meta", command="python -m benchmarks.stress_causes " + " ".join(sys.argv[1:]))
+        suite.write_jsonl(OUT, [dict(meta, **suite.machine_info())])
+    for name, (ways, seeds) in probes().items():
+        if names and name not in names:
+            continue
+        for probe in ways:
+            for seed in seeds:
+                if (name, probe.config, probe.label, seed) in done:
+                    continue
+                row = run(probe, seed)
+                suite.write_jsonl(OUT, [dict(row, probe=name, finished_at=time.time())], mode="a")
+                print(json.dumps({key: row[key] for key in ("config", "probe_label", "seed", "final_return")}), flush=True)
+
+
+def summary() -> None:
+    """Per configuration and way: final returns, runs past the suite's learning threshold, final learning rates."""
+    stress_rows = suite.read_jsonl(reports.RESULTS / "stress.jsonl")[1]
+    groups: dict[tuple[str, str, str], list[dict[str, Any]]] = collections.defaultdict(list)
+    for row in suite.read_jsonl(OUT)[1]:
+        groups[(row["probe"], row["config"], row["probe_label"])].append(row)
+    for (_probe, config, label), rows in groups.items():
+        threshold = stress.learning_threshold(stress_rows, config)
+        returns = [row["final_return"] for row in rows]
+        learned = "-" if threshold is None else f"{sum(value >= threshold for value in returns)}/{len(returns)}"
+        rates = [row.get("final_learning_rate") or float("nan") for row in rows]
+        extra = ""
+        if "beyond_10x_bound" in rows[0]:
+            extra = f" beyond 10x bound {np.mean([row['beyond_10x_bound'] for row in rows]):.3f}"
+        print(
+            f"{config:26s} {label:38s} mean {np.mean(returns):8.1f} learned {learned:5s} returns "
+            f"{[round(value, 1) for value in returns]} final lr {[float(f'{rate:.2g}') for rate in rates]}{extra}"
+        )
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["--summary"]:
+        summary()
+    else:
+        main(sys.argv[1:])
