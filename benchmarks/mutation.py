@@ -501,6 +501,25 @@ EQUIVALENT: dict[str, str] = {
         "0.99999994, INNER_LIMIT itself); the log-prob's clamp feeds only the density branch, which th.where does not "
         "select at +-1. The clamp guards other backends' tanh roundings."
     ),
+    "sb3_safe/ppo_kl/ppo_kl.py:core/NumberReplacer:0@3842b87f2bb2": (
+        "_MEASURE_BATCH_SIZE 1024 -> 1025 only regroups the rollout into other no-gradient measuring batches (one"
+        " permutation is drawn whatever the batch size, and in evaluation mode each row's KL does not depend on its"
+        " batch), so the weighted mean sum(mean_b * n_b) / N is the same up to float rounding (summation order,"
+        " matmul blocking, the per-batch clamp at 0 of a mean that rounding made negative): equivalent up to rounding."
+    ),
+    "sb3_safe/ppo_kl/ppo_kl.py:core/NumberReplacer:1@3842b87f2bb2": (
+        "_MEASURE_BATCH_SIZE 1024 -> 1023: as 1025, the same exact mean over the rollout from batches of another size,"
+        " equal up to float rounding (summation order, matmul blocking): equivalent up to rounding."
+    ),
+    "sb3_safe/ppo_kl/ppo_kl.py:core/NumberReplacer:60@3842b87f2bb2": (
+        "The initial last_epoch_start is a dead store: every epoch overwrites it with len(minibatch_stats) before"
+        " anything reads it, and with n_epochs=0 (no epoch) train() raises the same RuntimeError (th.stack of no rows)"
+        " before the line that reads it, whatever its initial value."
+    ),
+    "sb3_safe/ppo_kl/ppo_kl.py:core/NumberReplacer:61@3842b87f2bb2": (
+        "The initial last_epoch_start is a dead store: every epoch overwrites it before it is read, and with"
+        " n_epochs=0 train() raises the same RuntimeError (th.stack of no rows) before reading it."
+    ),
 }
 
 #: One work copy, one mutant at a time (``--jobs`` above 1 is lowered to this)
