@@ -3,7 +3,7 @@ Why the recommended stack misses on some stress configurations (issue 39: a meas
 
 Each probe trains a stress configuration (``benchmarks/stress.py``, its full budget unless said) a few ways that
 differ in one thing, more seeds than the suite, and records what the cause needs: the final return and, per update,
-the logged entropy, KL and learning rate; for the masked case, how far the raw logits lie beyond the safe bound.
+the logged entropy, KL and learning rate, and the guard's events.
 Resumable: rows already in the JSONL are skipped.
 
 Probes:
@@ -18,8 +18,7 @@ Probes:
 - ``masked_sgd_lr``: the stack as in the suite, and with the adaptive lr's bounds up to the configured rate (plain
   SGD's step is the rate times the gradient: the default upper bound 1e-3 is sized for Adam and RMSprop).
 - ``masked_large_logits``: the stack as in the suite, and the same with the observations normalized
-  (``VecNormalize``, what SB3's docs prescribe for unscaled observations); the share of raw logits beyond 10x the
-  bound at the end.
+  (``VecNormalize``, what SB3's docs prescribe for unscaled observations).
 
 Usage::
 
@@ -81,25 +80,6 @@ def _scale_critic(factor: float) -> Callable[[Any], None]:
         model.policy.value_net = ScaleCritic(model.policy.value_net, factor)
 
     return prepare
-
-
-def logit_saturation(model: Any) -> dict[str, float]:
-    """The share of the last rollout's raw logits beyond 10x the policy's bound, and their median magnitude."""
-    raw: list[th.Tensor] = []
-    hook = model.policy.action_net.register_forward_hook(lambda _net, _input, output: raw.append(output.detach()))
-    try:
-        observations = model.rollout_buffer.observations.reshape(-1, *model.observation_space.shape)
-        with th.no_grad():
-            model.policy.get_distribution(th.as_tensor(observations, dtype=th.float32))
-    finally:
-        hook.remove()
-    logits = raw[0].abs()
-    bound = getattr(model.policy, "logit_bound", None) or float("inf")
-    return dict(
-        beyond_10x_bound=float((logits > 10 * bound).float().mean()),
-        median_abs_raw_logit=float(logits.median()),
-        logit_bound=bound,
-    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -167,7 +147,7 @@ def probes() -> dict[str, tuple[list[Probe], tuple[int, ...]]]:
 
 
 def run(probe: Probe, seed: int) -> dict[str, Any]:
-    """Train ``probe`` on ``seed``: the training row, the update trace, and the masked case's logit saturation."""
+    """Train ``probe`` on ``seed``: the training row (final return, guard events) and the update trace."""
     config = stress.CONFIGS[probe.config]
     settings = stress._settings(config, broken=probe.broken)
     if probe.normalize_obs:
@@ -179,20 +159,12 @@ def run(probe: Probe, seed: int) -> dict[str, Any]:
         variant = dataclasses.replace(variant, lr_capped_at_configured=True)
     steps = config.timesteps["full"] * probe.steps_factor
     trace = TraceUpdates()
-    saturation: dict[str, float] = {}
-
-    def measure(model: Any) -> None:
-        if probe.config == "masked_large_logits":
-            saturation.update(logit_saturation(model))
-
-    class AtEnd(BaseCallback):
-        def _on_step(self) -> bool:
-            return True
-
-        def _on_training_end(self) -> None:
-            measure(self.model)
-
     prepares = [step for step in (config.prepare if probe.broken else None, probe.prepare) if step is not None]
+
+    def prepare(model: Any) -> None:
+        for step in prepares:
+            step(model)
+
     row = training.train(
         variant,
         config.env_id,
@@ -202,10 +174,10 @@ def run(probe: Probe, seed: int) -> dict[str, Any]:
         stress.EVAL_EPISODES["full"],
         wrapper=config.wrapper if probe.broken else None,
         eval_wrapper=config.eval_wrapper if probe.broken else None,
-        prepare=(lambda model: [step(model) for step in prepares]) if prepares else None,
-        callbacks=[trace, AtEnd()],
+        prepare=prepare,
+        callbacks=[trace],
     )
-    return dict(row, kind="run", probe_label=probe.label, config=probe.config, trace=trace.points, **saturation)
+    return dict(row, kind="run", probe_label=probe.label, config=probe.config, trace=trace.points)
 
 
 def main(names: list[str]) -> None:
@@ -239,12 +211,9 @@ def summary() -> None:
         returns = [row["final_return"] for row in rows]
         learned = "-" if threshold is None else f"{sum(value >= threshold for value in returns)}/{len(returns)}"
         rates = [row.get("final_learning_rate") or float("nan") for row in rows]
-        extra = ""
-        if "beyond_10x_bound" in rows[0]:
-            extra = f" beyond 10x bound {np.mean([row['beyond_10x_bound'] for row in rows]):.3f}"
         print(
             f"{config:26s} {label:38s} mean {np.mean(returns):8.1f} learned {learned:5s} returns "
-            f"{[round(value, 1) for value in returns]} final lr {[float(f'{rate:.2g}') for rate in rates]}{extra}"
+            f"{[round(value, 1) for value in returns]} final lr {[float(f'{rate:.2g}') for rate in rates]}"
         )
 
 
