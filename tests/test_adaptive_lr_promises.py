@@ -28,6 +28,7 @@ from sb3_safe.common.adaptive_lr import MEASURED_FIRST, MEASURED_SAMPLES, learni
 from sb3_safe.common.guard.watch import WatchedModel
 from sb3_safe.common.schedules import learning_rate_scale
 
+#: Copied where an A2C gets it: SB3's A2C writes its RMSprop into the policy_kwargs dict it is given
 SMALL = dict(net_arch=[16])
 
 
@@ -167,7 +168,7 @@ def test_a_redo_whose_step_is_skipped_ends_the_redos() -> None:
     Promise: an A2C-style redo whose step SafeA2C skips (a non-finite loss) has no KL to judge: the redos end there
     (no further undo on a KL that cannot be known) and the update is not recorded.
     """
-    model = SafeA2C("MlpPolicy", "CartPole-v1", n_steps=8, policy_kwargs=SMALL, seed=0, device="cpu")
+    model = SafeA2C("MlpPolicy", "CartPole-v1", n_steps=8, policy_kwargs=dict(SMALL), seed=0, device="cpu")
 
     class CorruptRolloutBeforeRedo(BaseCallback):
         """The first rollout's returns (which the redo reads again) turn NaN after its first update."""
@@ -329,7 +330,7 @@ def test_a2c_style_updates_are_measured_once_per_measured_samples_whatever_the_e
     the first ``MEASURED_FIRST``; rollouts of that many samples or more: every update.
     """
     env = make_vec_env("CartPole-v1", n_envs=n_envs, seed=0)
-    model = A2C("MlpPolicy", env, n_steps=n_steps, policy_kwargs=SMALL, seed=0, device="cpu")
+    model = A2C("MlpPolicy", env, n_steps=n_steps, policy_kwargs=dict(SMALL), seed=0, device="cpu")
     callback = KLAdaptiveLRCallback(trust_region=False)
     updates = MEASURED_FIRST + 4
     model.learn(n_steps * n_envs * updates, callback=callback)
@@ -340,7 +341,7 @@ def test_a2c_style_updates_are_measured_once_per_measured_samples_whatever_the_e
 
 def test_an_a2c_update_kl_is_the_exact_kl_on_its_rollout() -> None:
     """Promise: the KL is analytic for every distribution family, A2C-style too (not an estimate from log-probs)."""
-    model = A2C("MlpPolicy", "CartPole-v1", n_steps=8, learning_rate=3e-3, policy_kwargs=SMALL, seed=0, device="cpu")
+    model = A2C("MlpPolicy", "CartPole-v1", n_steps=8, learning_rate=3e-3, policy_kwargs=dict(SMALL), seed=0, device="cpu")
     before: list[th.Tensor] = []
 
     class Before(BaseCallback):
@@ -406,3 +407,42 @@ def test_the_adaptive_lr_option_keeps_the_callbacks_given_to_learn() -> None:
     assert counted.steps == 64
     model.learn(32)  # and nothing else without them
     assert model.num_timesteps == 32
+
+
+@pytest.mark.parametrize(
+    ("optimizer_class", "learning_rate", "highest"),
+    [
+        (th.optim.SGD, 0.3, 0.3),  # a plain-SGD rate above the kind's bound is the bound
+        (th.optim.SGD, linear_schedule(0.05), 0.05),  # of a schedule, its start
+        (th.optim.SGD, 1e-4, 1e-3),  # never below the kind's bound
+        (th.optim.Adam, 0.3, 1e-3),  # Adam's step does not scale with the gradient: the kind's bound
+        (th.optim.RMSprop, 0.3, 1e-3),
+    ],
+)
+def test_the_default_upper_bound_is_the_configured_rate_for_plain_sgd(
+    optimizer_class: type[th.optim.Optimizer], learning_rate: Any, highest: float
+) -> None:
+    model = small_ppo(learning_rate, policy_kwargs=dict(SMALL, optimizer_class=optimizer_class))
+    callback = KLAdaptiveLRCallback()
+    model.learn(16, callback=callback)
+    assert callback.bounds == (adaptive_lr.LOWEST_LEARNING_RATE, highest)
+    assert model.policy.optimizer.param_groups[0]["lr"] <= highest
+
+
+def test_plain_sgd_trains_at_its_configured_rate_and_its_bound_stays_the_configured_one() -> None:
+    model = small_ppo(0.05, policy_kwargs=dict(SMALL, optimizer_class=th.optim.SGD))
+    callback = KLAdaptiveLRCallback(trust_region=False)
+    model.learn(16, callback=callback)
+    assert model.policy.optimizer.param_groups[0]["lr"] == pytest.approx(0.05)
+    # The scale lowered (a guard's rollback, a decision): the bound is still the configured rate, not the scaled one
+    adaptive_lr.scale_learning_rate(model, [model.policy.optimizer], 0.25)
+    model.learn(16, callback=callback, reset_num_timesteps=False)
+    assert callback.bounds == (adaptive_lr.LOWEST_LEARNING_RATE, 0.05)
+
+
+def test_explicit_bounds_hold_for_plain_sgd_too() -> None:
+    model = small_ppo(0.3, policy_kwargs=dict(SMALL, optimizer_class=th.optim.SGD))
+    callback = KLAdaptiveLRCallback(lr_bounds=(1e-4, 2e-2))
+    model.learn(16, callback=callback)
+    assert callback.bounds == (1e-4, 2e-2)
+    assert model.policy.optimizer.param_groups[0]["lr"] == pytest.approx(2e-2)

@@ -28,6 +28,7 @@ from sb3_safe.common.guard.watch import WatchedModel
 from sb3_safe.common.kl import distribution_params, has_analytic_kl
 from sb3_safe.common.rollout_kl import Rollout, mean_kl, mean_kl_on_batch, old_distribution_params
 from sb3_safe.common.schedules import (
+    configured_learning_rate,
     learning_rate_scale,
     scale_learning_rate,
     set_learning_rate_bounds,
@@ -37,6 +38,10 @@ from sb3_safe.common.supervisor import UpdateSupervisor
 
 #: The anchors' lower bound on the learning rate (rsl_rl, SBX); the upper one is the kind's (:class:`KLTargets`)
 LOWEST_LEARNING_RATE = 1e-5
+#: Optimizers whose step is the learning rate times the gradient, not normalized by the gradient's running size as
+#: Adam's and RMSprop's: the rates that suit them can be far above the kinds' upper bounds (measured on MaskablePPO
+#: with plain SGD at 0.3: held at 1e-3, the policy stayed random; ``benchmarks/results/stress.md``)
+GRADIENT_SCALED_OPTIMIZERS: tuple[type[th.optim.Optimizer], ...] = (th.optim.SGD,)
 #: A2C-style updates measured (and undone if they overshoot): one per this many collected samples, as a pass costs the
 #: same for 5 samples as for 250; PPO-style updates are all measured. Measured against other rates in
 #: ``benchmarks/results/robustness.md`` (notes)
@@ -115,6 +120,19 @@ PPO_STYLE = KLTargets(target_kl=0.015, undo_above=6.0, highest_learning_rate=1e-
 ONE_STEP = KLTargets(target_kl=3e-3, undo_above=30.0, highest_learning_rate=1e-2, raise_after=1, keep_redo_rate=False)
 
 
+def _default_highest_learning_rate(model: OnPolicyAlgorithm, defaults: KLTargets) -> float:
+    """
+    The kind's upper bound on the learning rate, or the configured rate where it is higher and the optimizer's step
+    scales with the gradient (:data:`GRADIENT_SCALED_OPTIMIZERS`): the kinds' bounds are sized for Adam and RMSprop.
+
+    :param model: the algorithm
+    :param defaults: its kind's defaults
+    """
+    if isinstance(model.policy.optimizer, GRADIENT_SCALED_OPTIMIZERS):
+        return max(defaults.highest_learning_rate, configured_learning_rate(model))
+    return defaults.highest_learning_rate
+
+
 class KLAdaptiveLRCallback(BaseCallback):
     """
     Adapt the learning rate of any on-policy algorithm (PPO, A2C, KLAdaptivePPO, SafeA2C, sb3-contrib's MaskablePPO
@@ -186,7 +204,8 @@ class KLAdaptiveLRCallback(BaseCallback):
     :param max_redos: redos per update at most
     :param window_steps: least number of environment steps between two decisions on the learning rate
     :param lr_bounds: ``(lowest, highest)`` learning rate; None: ``(1e-5, 1e-3)`` (:data:`PPO_STYLE`), ``(1e-5, 1e-2)``
-        for A2C and SafeA2C (:data:`ONE_STEP`)
+        for A2C and SafeA2C (:data:`ONE_STEP`), the upper bound raised to the configured learning rate (the
+        schedule's start) where it is higher and the optimizer is plain SGD (:data:`GRADIENT_SCALED_OPTIMIZERS`)
     :param verbose: 1: print each redo
     """
 
@@ -261,7 +280,7 @@ class KLAdaptiveLRCallback(BaseCallback):
             keep_redo_rate=defaults.keep_redo_rate,
         )
         self._recent_windows = deque(maxlen=self.targets.raise_after)
-        self.bounds = (LOWEST_LEARNING_RATE, defaults.highest_learning_rate) if self.lr_bounds is None else self.lr_bounds
+        self.bounds = self.lr_bounds or (LOWEST_LEARNING_RATE, _default_highest_learning_rate(model, defaults))
         # The bounds clamp the rate each step uses (also of a configured rate far too high, before the first update)
         set_learning_rate_bounds(model, [model.policy.optimizer], self.bounds)
         self.redone_updates = 0

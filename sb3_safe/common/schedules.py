@@ -197,6 +197,17 @@ def current_learning_rate(model: BaseAlgorithm) -> float:
     return float(model.lr_schedule(model._current_progress_remaining))
 
 
+def configured_learning_rate(model: BaseAlgorithm) -> float:
+    """
+    The learning rate the model was configured with, at the start of its schedule: before sb3-safe's scale and bounds.
+
+    :param model: the algorithm
+    """
+    scaled = _scaled(model.lr_schedule)
+    schedule = model.lr_schedule if scaled is None else scaled.schedule
+    return float(schedule(1.0))
+
+
 def unbounded_learning_rate(model: BaseAlgorithm) -> float:
     """
     :func:`current_learning_rate` before the bounds clamp it: what a change of the scale moves.
