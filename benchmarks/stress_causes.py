@@ -11,9 +11,10 @@ Probes:
 - ``critic_speed``: CartPole-v1 at A2C's rl-zoo settings, unbroken, 8,000 steps: stock A2C, stock A2C with its
   critic's output multiplied by 5 or 20 (the same parameters move the values in reward units that much faster), and
   the stack (SafeA2C + guard + adaptive lr) with ``normalize_value`` off and on (its critic moves in units of the
-  returns' standard deviation).
+  returns' standard deviation), SafeA2C + guard with it on (the stack less the adaptive lr's raises), and the stack
+  with it on where the raises reach only the actor or only the critic (the other's rate held at the configured one).
 - ``a2c_cartpole``: the three A2C CartPole-v1 stress configurations, the stack with ``normalize_value`` off and on at
-  the suite's 8,000 steps, and on at 3x that.
+  the suite's 8,000 steps, and on at 3x that; SafeA2C + guard with it on.
 - ``lr_100x_ppo``: the stack as in the suite, the per-update trace.
 - ``masked_sgd_lr``: the stack as in the suite, and with the adaptive lr's bounds up to the configured rate (plain
   SGD's step is the rate times the gradient: the default upper bound 1e-3 is sized for Adam and RMSprop).
@@ -43,6 +44,8 @@ from benchmarks import reports, stress, suite, training, variants
 OUT = reports.RESULTS / "stress_causes.jsonl"
 STACK = {"A2C": "SafeA2C+guard+KL-lr", "PPO": "KLAdaptivePPO+guard+KL-lr"}
 MASKED_STACK = "MaskablePPO+SafeMaskableMlpPolicy+guard+KL-lr"
+#: The stack less the adaptive learning rate
+SAFE_A2C_GUARD = "SafeA2C+guard"
 #: Logged values traced per update
 TRACED = ("train/entropy_loss", "train/approx_kl", "train/learning_rate", "train/logit_max")
 
@@ -82,6 +85,30 @@ def _scale_critic(factor: float) -> Callable[[Any], None]:
     return prepare
 
 
+def _hold_rate(held: str) -> Callable[[Any], None]:
+    """
+    Split the optimizer of an A2C's policy into the actor's and the critic's parameters and hold ``held``'s learning
+    rate at the configured one before every step: the adaptive lr's raises then reach the other part only.
+    """
+
+    def prepare(model: Any) -> None:
+        policy = model.policy
+        critic = [*policy.mlp_extractor.value_net.parameters(), *policy.value_net.parameters()]
+        critic_ids = {id(parameter) for parameter in critic}
+        actor = [parameter for parameter in policy.parameters() if id(parameter) not in critic_ids]
+        configured = policy.optimizer.defaults["lr"]
+        optimizer = type(policy.optimizer)([{"params": actor}, {"params": critic}], **policy.optimizer.defaults)
+        held_group = optimizer.param_groups[1 if held == "critic" else 0]
+
+        def hold(*_: Any) -> None:
+            held_group["lr"] = configured
+
+        optimizer.register_step_pre_hook(hold)
+        policy.optimizer = optimizer
+
+    return prepare
+
+
 @dataclasses.dataclass(frozen=True)
 class Probe:
     """One way to train a stress configuration: ``label`` names it in the JSONL."""
@@ -109,6 +136,19 @@ def probes() -> dict[str, tuple[list[Probe], tuple[int, ...]]]:
                 Probe("A2C, critic x20", cartpole, "A2C", broken=False, prepare=_scale_critic(20.0)),
                 Probe("stack, normalize_value off", cartpole, STACK["A2C"], normalize_value=False, broken=False),
                 Probe("stack, normalize_value on", cartpole, STACK["A2C"], normalize_value=True, broken=False),
+                # The stack less the adaptive lr, whose raises move the normalized critic faster still
+                Probe("SafeA2C + guard, normalize_value on", cartpole, SAFE_A2C_GUARD, normalize_value=True, broken=False),
+                *(
+                    Probe(
+                        f"stack, normalize_value on, the {held}'s rate held at the configured one",
+                        cartpole,
+                        STACK["A2C"],
+                        normalize_value=True,
+                        broken=False,
+                        prepare=_hold_rate(held),
+                    )
+                    for held in ("critic", "actor")
+                ),
             ],
             tuple(range(8)),
         ),
@@ -121,6 +161,7 @@ def probes() -> dict[str, tuple[list[Probe], tuple[int, ...]]]:
                     Probe("stack, normalize_value on", name, STACK["A2C"], normalize_value=True),
                     Probe("stack, normalize_value on, 3x steps", name, STACK["A2C"], normalize_value=True, steps_factor=3),
                     Probe("stock A2C, 3x steps (reference)", name, "A2C", broken=False, steps_factor=3),
+                    Probe("SafeA2C + guard, normalize_value on", name, SAFE_A2C_GUARD, normalize_value=True),
                 )
             ],
             tuple(range(6)),
