@@ -267,94 +267,94 @@ EQUIVALENT: dict[str, str] = {
         "autograd calls backward through the class (_forward_cls.backward(ctx, *grads)); a plain function looked up on "
         "a class is the function itself in Python 3, so it receives the same arguments with or without @staticmethod."
     ),
-    "sb3_safe/common/adaptive_lr.py:core/ReplaceComparisonOperator_Lt_LtE:5@36837a44f7fc": (
+    "sb3_safe/common/adaptive_lr.py:core/ReplaceComparisonOperator_Lt_LtE:5@8453bf549db7": (
         "_decide: where the newest factor is exactly 1.0 the mutant returns factors[-1] == 1.0, and the original falls"
         " through to `min(factors) <= 1.0`, which holds (1.0 is among them) and returns 1.0: the same value."
     ),
-    "sb3_safe/common/adaptive_lr.py:core/ReplaceComparisonOperator_LtE_Lt:5@36837a44f7fc": (
+    "sb3_safe/common/adaptive_lr.py:core/ReplaceComparisonOperator_LtE_Lt:5@8453bf549db7": (
         "_decide: the two differ only where min(factors) == 1.0 exactly; the original returns 1.0, the mutant falls"
         " through to `return min(factors)`, which is 1.0: the same value."
     ),
-    "sb3_safe/common/adaptive_lr.py:core/ReplaceComparisonOperator_Gt_GtE:2@36837a44f7fc": (
+    "sb3_safe/common/adaptive_lr.py:core/ReplaceComparisonOperator_Gt_GtE:2@8453bf549db7": (
         "learning_rate is the optimizer's rate after train(), which the bounded ScaledSchedule set (set at training"
         " start; _check_bounds requires lowest > 0), so it is >= lowest > 0 and `> 0.0` and `>= 0.0` always agree."
     ),
-    "sb3_safe/common/adaptive_lr.py:core/NumberReplacer:87@36837a44f7fc": (
+    "sb3_safe/common/adaptive_lr.py:core/NumberReplacer:87@8453bf549db7": (
         "learning_rate is the step's rate, clamped into lr_bounds whose lowest is > 0 (_check_bounds), so"
         " `> 0.0` and `> -1.0` are both always true."
     ),
-    "sb3_safe/common/adaptive_lr.py:core/ReplaceComparisonOperator_Gt_GtE:3@36837a44f7fc": (
-        "_limited returns 1.0 at line 407 whenever factor == 1.0, so at line 411 factor != 1.0 and"
+    "sb3_safe/common/adaptive_lr.py:core/ReplaceComparisonOperator_Gt_GtE:3@8453bf549db7": (
+        "_limited returns 1.0 at line 426 whenever factor == 1.0, so at line 430 factor != 1.0 and"
         " `factor > 1.0` and `factor >= 1.0` agree."
     ),
-    "sb3_safe/common/adaptive_lr.py:core/NumberReplacer:41@36837a44f7fc": (
+    "sb3_safe/common/adaptive_lr.py:core/NumberReplacer:41@8453bf549db7": (
         "verbose default -1 instead of 0: the only read of self.verbose is `self.verbose >= 1` (print a redo), false"
         " for both; BaseCallback only stores it."
     ),
-    "sb3_safe/common/adaptive_lr.py:core/NumberReplacer:56@36837a44f7fc": (
+    "sb3_safe/common/adaptive_lr.py:core/NumberReplacer:56@8453bf549db7": (
         "_window_start's initial value is never read: _on_training_start sets it to model.num_timesteps before any"
         " update is judged (judge_update is only reachable through a learn())."
     ),
-    "sb3_safe/common/adaptive_lr.py:core/NumberReplacer:57@36837a44f7fc": (
+    "sb3_safe/common/adaptive_lr.py:core/NumberReplacer:57@8453bf549db7": (
         "_window_start's initial value is never read: _on_training_start sets it to model.num_timesteps before any"
         " update is judged."
     ),
-    "sb3_safe/common/adaptive_lr.py:core/NumberReplacer:58@36837a44f7fc": (
+    "sb3_safe/common/adaptive_lr.py:core/NumberReplacer:58@8453bf549db7": (
         "The initial deque is replaced in _on_training_start by deque(maxlen=targets.raise_after) before _decide can"
         " append to it; its maxlen is never observed."
     ),
-    "sb3_safe/common/adaptive_lr.py:core/NumberReplacer:60@36837a44f7fc": (
+    "sb3_safe/common/adaptive_lr.py:core/NumberReplacer:60@8453bf549db7": (
         "_updates' initial value is never read: at the first learn() _counted_model is None, so same_model is False"
         " and _on_training_start resets _updates to 0 before prepare_update reads it."
     ),
-    "sb3_safe/common/adaptive_lr.py:core/NumberReplacer:61@36837a44f7fc": (
+    "sb3_safe/common/adaptive_lr.py:core/NumberReplacer:61@8453bf549db7": (
         "_updates' initial value is never read: the first learn() resets it to 0 (_counted_model is None, so"
         " same_model is False) before prepare_update reads it."
     ),
-    "sb3_safe/common/adaptive_lr.py:core/NumberReplacer:62@36837a44f7fc": (
-        "_measure_every's initial value is never read: _on_training_start always assigns it (line 285) before"
+    "sb3_safe/common/adaptive_lr.py:core/NumberReplacer:62@8453bf549db7": (
+        "_measure_every's initial value is never read: _on_training_start always assigns it (line 304) before"
         " prepare_update uses it."
     ),
-    "sb3_safe/common/adaptive_lr.py:core/NumberReplacer:63@36837a44f7fc": (
+    "sb3_safe/common/adaptive_lr.py:core/NumberReplacer:63@8453bf549db7": (
         "_measure_every's initial value (0 would divide by zero) is never read: _on_training_start always assigns it"
         " before prepare_update uses it."
     ),
-    "sb3_safe/common/adaptive_lr.py:core/NumberReplacer:84@36837a44f7fc": (
+    "sb3_safe/common/adaptive_lr.py:core/NumberReplacer:84@8453bf549db7": (
         "The `else 1` branch needs model.env None, which cannot be inside learn(): SB3 collects rollouts from"
         " model.env, so a redo (which follows a collected rollout) always has an env and reads env.num_envs."
     ),
-    "sb3_safe/common/adaptive_lr.py:core/NumberReplacer:85@36837a44f7fc": (
+    "sb3_safe/common/adaptive_lr.py:core/NumberReplacer:85@8453bf549db7": (
         "The `else 1` branch needs model.env None, which cannot be inside learn() (SB3 collects the rollout being"
         " redone from model.env): the constant is never used."
     ),
-    "sb3_safe/common/adaptive_lr.py:core/NumberReplacer:91@36837a44f7fc": (
+    "sb3_safe/common/adaptive_lr.py:core/NumberReplacer:91@8453bf549db7": (
         "param_groups[0] vs [-1]: SB3's policies build their optimizer with one parameter group, and both SB3's"
         " update_learning_rate and schedules.apply_learning_rate set every group to the same rate, so first == last."
     ),
-    "sb3_safe/common/adaptive_lr.py:core/NumberReplacer:105@36837a44f7fc": (
+    "sb3_safe/common/adaptive_lr.py:core/NumberReplacer:105@8453bf549db7": (
         "_limited never returns 0 (a clamped rate >= lowest > 0 over rate > 0), so the mutant only adds"
         " scale_learning_rate(..., 1.0) calls: the same scale and bounds, and the optimizer set to the schedule's"
         " current rate, which train() (at the same progress) or the last scaling already set."
     ),
-    "sb3_safe/common/adaptive_lr.py:core/ReplaceTrueWithFalse:4@36837a44f7fc": (
+    "sb3_safe/common/adaptive_lr.py:core/ReplaceTrueWithFalse:4@8453bf549db7": (
         "lean=False only adds a gradient-norm statistic (never read for an undo) and a VecNormalize copy: the"
         " snapshot is taken at the rollout end and restored before the next env step, and train() does not touch"
         " VecNormalize, so its restore writes back the values already there."
     ),
-    "sb3_safe/common/adaptive_lr.py:core/ReplaceFalseWithTrue:3@36837a44f7fc": (
+    "sb3_safe/common/adaptive_lr.py:core/ReplaceFalseWithTrue:3@8453bf549db7": (
         "A recorder armed at construction only records an unmeasured update's batch, which nothing reads: every"
         " measured update (and every redo) calls arm() first, which clears `recorded` before its step."
     ),
-    "sb3_safe/common/adaptive_lr.py:core/ReplaceFalseWithTrue:4@36837a44f7fc": (
+    "sb3_safe/common/adaptive_lr.py:core/ReplaceFalseWithTrue:4@8453bf549db7": (
         "A2C-style train() takes exactly one optimizer step per update, so disarming after it changes nothing for"
         " that update; staying armed only records later unmeasured updates, never read, as arm() clears `recorded`"
         " before each measured update and redo."
     ),
-    "sb3_safe/common/adaptive_lr.py:core/ReplaceBreakWithContinue:0@36837a44f7fc": (
+    "sb3_safe/common/adaptive_lr.py:core/ReplaceBreakWithContinue:0@8453bf549db7": (
         "When the loop breaks because there is nothing to undo, kl and the snapshot are unchanged, so with"
         " `continue` every remaining iteration re-evaluates the same condition and does nothing: same state after."
     ),
-    "sb3_safe/common/adaptive_lr.py:core/ReplaceBreakWithContinue:1@36837a44f7fc": (
+    "sb3_safe/common/adaptive_lr.py:core/ReplaceBreakWithContinue:1@8453bf549db7": (
         "When the cut is >= 1 (rate at the lower bound) nothing has changed, so with `continue` each remaining"
         " iteration computes the same kl test and the same cut >= 1 and does nothing: same state after the loop."
     ),
@@ -459,7 +459,7 @@ EQUIVALENT: dict[str, str] = {
         " same values; only an action outside a sub-space's support given to log_prob differs (a ValueError instead"
         " of torch's indexing: an IndexError out of range, a fractional action truncated)"
     ),
-    "sb3_safe/common/adaptive_lr.py:core/NumberReplacer:59@36837a44f7fc": (
+    "sb3_safe/common/adaptive_lr.py:core/NumberReplacer:59@8453bf549db7": (
         "the deque of recent windows built in __init__ is never used: _on_training_start replaces it (maxlen"
         " raise_after) before any decision appends to it or reads it"
     ),
@@ -467,10 +467,10 @@ EQUIVALENT: dict[str, str] = {
         "`@th.no_grad()` on _rollout_kl only spares building an autograd graph nobody backpropagates: the KL it"
         " returns is the same float"
     ),
-    "sb3_safe/common/adaptive_lr.py:core/NumberReplacer:69@36837a44f7fc": (
+    "sb3_safe/common/adaptive_lr.py:core/NumberReplacer:69@8453bf549db7": (
         "`max(0, ceil(MEASURED_SAMPLES / rollout_size))` is `max(1, ...)`: both are positive, so the ceiling is at least 1"
     ),
-    "sb3_safe/common/adaptive_lr.py:core/ReplaceOrWithAnd:13@36837a44f7fc": (
+    "sb3_safe/common/adaptive_lr.py:core/ReplaceOrWithAnd:14@8453bf549db7": (
         "the batch recorder is armed at each measured update, which clears `recorded` and `_batch`: a recording made"
         " while unarmed (the mutant's) is cleared before any update reads it, and no step comes armed without a batch"
         " (every train() reads the buffer before it steps)"
