@@ -15,6 +15,8 @@ Probes:
   with it on where the raises reach only the actor or only the critic (the other's rate held at the configured one).
 - ``a2c_cartpole``: the three A2C CartPole-v1 stress configurations, the stack with ``normalize_value`` off and on at
   the suite's 8,000 steps, and on at 3x that; SafeA2C + guard with it on.
+- ``reward_spikes_clipped``: ``reward_spikes_1e6``'s stack with the rewards clipped to [-10, 10] (what the report
+  prescribes for heavy-tailed rewards), at the suite's steps and at 3x.
 - ``lr_100x_ppo``: the stack as in the suite, the per-update trace.
 - ``masked_sgd_lr``: the stack as in the suite, and with the adaptive lr's bounds up to the configured rate (plain
   SGD's step is the rate times the gradient: the default upper bound 1e-3 is sized for Adam and RMSprop).
@@ -29,12 +31,14 @@ Usage::
 
 import collections
 import dataclasses
+import functools
 import json
 import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
 import torch as th
 from stable_baselines3.common.callbacks import BaseCallback
@@ -109,6 +113,11 @@ def _hold_rate(held: str) -> Callable[[Any], None]:
     return prepare
 
 
+def _clipped(env: Any, inner: Callable[[Any], Any] | None, bound: float) -> Any:
+    """``env`` wrapped by ``inner`` (if any), its rewards then clipped to ``[-bound, bound]``."""
+    return gym.wrappers.ClipReward(inner(env) if inner is not None else env, -bound, bound)
+
+
 @dataclasses.dataclass(frozen=True)
 class Probe:
     """One way to train a stress configuration: ``label`` names it in the JSONL."""
@@ -122,6 +131,8 @@ class Probe:
     prepare: Callable[[Any], None] | None = None
     normalize_obs: bool = False
     lr_capped_at_configured: bool = False
+    #: rewards clipped to [-clip_reward, clip_reward] after the configuration's wrapper (None: not clipped)
+    clip_reward: float | None = None
 
 
 def probes() -> dict[str, tuple[list[Probe], tuple[int, ...]]]:
@@ -166,6 +177,20 @@ def probes() -> dict[str, tuple[list[Probe], tuple[int, ...]]]:
             ],
             tuple(range(6)),
         ),
+        "reward_spikes_clipped": (
+            [
+                # What the report prescribes for heavy-tailed rewards: clip them (a wrapper), the stack's defaults kept
+                Probe("stack, rewards clipped to [-10, 10]", "reward_spikes_1e6", STACK["A2C"], clip_reward=10.0),
+                Probe(
+                    "stack, rewards clipped to [-10, 10], 3x steps",
+                    "reward_spikes_1e6",
+                    STACK["A2C"],
+                    clip_reward=10.0,
+                    steps_factor=3,
+                ),
+            ],
+            tuple(range(6)),
+        ),
         "lr_100x_ppo": ([Probe("stack", "lr_100x_ppo", STACK["PPO"])], tuple(range(6))),
         "masked_sgd_lr": (
             [
@@ -201,6 +226,9 @@ def run(probe: Probe, seed: int) -> dict[str, Any]:
     steps = config.timesteps["full"] * probe.steps_factor
     trace = TraceUpdates()
     prepares = [step for step in (config.prepare if probe.broken else None, probe.prepare) if step is not None]
+    wrapper = config.wrapper if probe.broken else None
+    if probe.clip_reward is not None:
+        wrapper = functools.partial(_clipped, inner=wrapper, bound=probe.clip_reward)
 
     def prepare(model: Any) -> None:
         for step in prepares:
@@ -213,7 +241,7 @@ def run(probe: Probe, seed: int) -> dict[str, Any]:
         steps,
         seed,
         stress.EVAL_EPISODES["full"],
-        wrapper=config.wrapper if probe.broken else None,
+        wrapper=wrapper,
         eval_wrapper=config.eval_wrapper if probe.broken else None,
         prepare=prepare,
         callbacks=[trace],
