@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch as th
+from recorders import RecordLearningRate
 from rl_zoo3.utils import linear_schedule
 from stable_baselines3 import A2C
-from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.policies import ActorCriticPolicy
 from stable_baselines3.common.sb2_compat.rmsprop_tf_like import RMSpropTFLike
 from torch import nn
@@ -146,37 +146,20 @@ def test_a_safe_policy_logs_the_log_std_in_use_whatever_the_parameter_holds() ->
 # ----- schedules past the end of the budget -----
 
 
-class LearningRates(BaseCallback):
-    """The optimizer's learning rate after each update."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.rates: list[float] = []
-
-    def _on_step(self) -> bool:
-        return True
-
-    def _on_rollout_start(self) -> None:
-        if self.model._n_updates > len(self.rates):
-            self.rates.append(self.model.policy.optimizer.param_groups[0]["lr"])
-
-    def _on_training_end(self) -> None:
-        self._on_rollout_start()
-
-
 def test_past_the_end_of_the_budget_the_schedules_are_read_at_0_and_nothing_is_named() -> None:
     """
     Promise: SafeA2C reads its schedules at progress 0 where the last rollout ends past the budget (SB3 reads them
     below 0, where a linear schedule is negative) by itself: the guard has nothing to stand in for, and names nothing.
     """
     model = SafeA2C("MlpPolicy", "CartPole-v1", n_steps=8, learning_rate=linear_schedule(1e-3), seed=0, device="cpu")
-    rates = LearningRates()
+    rates: list[float] = []
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        model.learn(8 * 4 - 3, callback=[NonFiniteGuardCallback(), rates])  # the 4th rollout ends 3 steps past the budget
+        # The 4th rollout ends 3 steps past the budget
+        model.learn(8 * 4 - 3, callback=[NonFiniteGuardCallback(), RecordLearningRate(rates)])
     assert model.num_timesteps == 32
-    assert len(rates.rates) == 4 and rates.rates[-1] == 0.0
-    assert all(rate >= 0.0 for rate in rates.rates)
+    assert len(rates) == 4 and rates[-1] == 0.0
+    assert all(rate >= 0.0 for rate in rates)
     assert [str(w.message) for w in caught if "past the budget" in str(w.message)] == []
 
 

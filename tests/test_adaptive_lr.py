@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch as th
 from faults import NaNAfterOptimizerStep
+from recorders import RecordLearningRate
 from rl_zoo3.utils import linear_schedule
 from sb3_contrib import TRPO, MaskablePPO, RecurrentPPO
 from sb3_contrib.common.envs import InvalidActionEnvDiscrete
@@ -134,24 +135,6 @@ def test_algorithms_without_gradient_steps_on_the_policy_are_refused(make: Any) 
 
 
 # ----- the KL it adapts on -----
-
-
-class RecordLearningRate(BaseCallback):
-    """The optimizer's learning rate after each update (what the update used)."""
-
-    def __init__(self, rates: list[float]) -> None:
-        super().__init__()
-        self.rates = rates
-
-    def _on_step(self) -> bool:
-        return True
-
-    def _on_rollout_start(self) -> None:
-        if self.model._n_updates:
-            self.rates.append(self.model.policy.optimizer.param_groups[0]["lr"])
-
-    def _on_training_end(self) -> None:
-        self._on_rollout_start()
 
 
 class RecordKL(BaseCallback):
