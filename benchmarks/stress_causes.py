@@ -13,6 +13,10 @@ Probes:
   the stack (SafeA2C + guard + adaptive lr) with ``normalize_value`` off and on (its critic moves in units of the
   returns' standard deviation), SafeA2C + guard with it on (the stack less the adaptive lr's raises), and the stack
   with it on where the raises reach only the actor or only the critic (the other's rate held at the configured one).
+- ``head_gain``: CartPole-v1 at A2C's rl-zoo settings, unbroken and ``reward_scale_1e6``: the stack with
+  ``normalize_value`` on and its value head's output multiplied by 0.3 (the head's initial weights and its learning
+  rate times 0.3, which for RMSprop is the same: its normalized values move 0.3 times as far per update), at the
+  suite's 8,000 steps and at 6x (48,000, near the reward-scale map's 50,000).
 - ``a2c_cartpole``: the three A2C CartPole-v1 stress configurations, the stack with ``normalize_value`` off and on at
   the suite's 8,000 steps, and on at 3x that; SafeA2C + guard with it on.
 - ``reward_spikes_clipped``: ``reward_spikes_1e6``'s stack with the rewards clipped to [-10, 10] (what the report
@@ -44,6 +48,7 @@ import torch as th
 from stable_baselines3.common.callbacks import BaseCallback
 
 from benchmarks import reports, stress, suite, training, variants
+from sb3_safe.common import value_norm
 
 OUT = reports.RESULTS / "stress_causes.jsonl"
 STACK = {"A2C": "SafeA2C+guard+KL-lr", "PPO": "KLAdaptivePPO+guard+KL-lr"}
@@ -113,6 +118,36 @@ def _hold_rate(held: str) -> Callable[[Any], None]:
     return prepare
 
 
+def _head_gain(gain: float) -> Callable[[Any], None]:
+    """
+    Multiply the output of a normalized critic's head (PopArt) by ``gain``: its weights times ``gain``, and its own
+    parameter group at ``gain`` times the others' learning rate before every step (RMSprop's step on a weight is about
+    the learning rate whatever the gradient's size, so this is the same as a factor on the head's output).
+    """
+
+    def prepare(model: Any) -> None:
+        policy = model.policy
+        head = value_norm.value_head(policy)
+        assert head is not None, "head_gain needs normalize_value on"
+        with th.no_grad():
+            for parameter in head.parameters():
+                parameter.mul_(gain)
+        head_ids = {id(parameter) for parameter in head.parameters()}
+        rest = [parameter for parameter in policy.parameters() if id(parameter) not in head_ids]
+        # The others first: the adaptive lr reads and sets the rate of group 0
+        optimizer = type(policy.optimizer)(
+            [{"params": rest}, {"params": list(head.parameters())}], **policy.optimizer.defaults
+        )
+
+        def follow(*_: Any) -> None:
+            optimizer.param_groups[1]["lr"] = gain * optimizer.param_groups[0]["lr"]
+
+        optimizer.register_step_pre_hook(follow)
+        policy.optimizer = optimizer
+
+    return prepare
+
+
 def _clipped(env: Any, inner: Callable[[Any], Any] | None, bound: float) -> Any:
     """``env`` wrapped by ``inner`` (if any), its rewards then clipped to ``[-bound, bound]``."""
     return gym.wrappers.ClipReward(inner(env) if inner is not None else env, -bound, bound)
@@ -160,6 +195,32 @@ def probes() -> dict[str, tuple[list[Probe], tuple[int, ...]]]:
                     )
                     for held in ("critic", "actor")
                 ),
+            ],
+            tuple(range(8)),
+        ),
+        "head_gain": (
+            [
+                Probe(
+                    f"stack, normalize_value on, head x0.3{label}",
+                    config,
+                    STACK["A2C"],
+                    normalize_value=True,
+                    broken=broken,
+                    steps_factor=factor,
+                    prepare=_head_gain(0.3),
+                )
+                for config, broken in ((cartpole, False), (cartpole, True))
+                for factor, label in ((1, ""), (6, ", 6x steps"))
+            ]
+            + [
+                Probe(
+                    "stack, normalize_value on, 6x steps",
+                    cartpole,
+                    STACK["A2C"],
+                    normalize_value=True,
+                    broken=False,
+                    steps_factor=6,
+                )
             ],
             tuple(range(8)),
         ),
