@@ -110,6 +110,7 @@ MODULES: dict[str, list[str]] = {
         "tests/test_kl_exact.py",
         "tests/test_promises.py",
         "tests/test_kl_promises.py",
+        "tests/test_kl_accuracy.py",
     ],
 }
 
