@@ -272,6 +272,14 @@ def _mills_ratios(x: th.Tensor) -> tuple[th.Tensor, th.Tensor]:
     return (x + ratio).reciprocal_(), ratio
 
 
+def _may_hold(mask: th.Tensor) -> bool:
+    """
+    Whether some element of ``mask`` may be true: read on the CPU, where it costs nothing, so that a regime no element is
+    in is not computed; assumed on other devices, where reading it would synchronize with the host.
+    """
+    return mask.device.type != "cpu" or bool(mask.any())
+
+
 def _product_moment(
     u_moments: th.Tensor, slope: th.Tensor, offset: th.Tensor, other_slope: th.Tensor, other_offset: th.Tensor
 ) -> th.Tensor:
@@ -377,59 +385,61 @@ class _ClippedGaussianKL(th.autograd.Function):
 
         # About the clip point nearer p's mean, where that lies far in p's tail: with t = |z| running from x there to y
         # at the other, I_k = int_x^y (t - x)^k phi(t) dt = A_k(x) - A_k(y) - ..., A_k(x) = int_x^inf (t - x)^k phi(t)
-        beyond_upper = upper < 0.0
-        near, far = th.where(beyond_upper, -upper, lower), th.where(beyond_upper, -lower, upper)
-        inward = 1.0 - 2.0 * beyond_upper.to(means.dtype)  # z - z_near = inward (t - x)
-        near_z, near_q = th.where(beyond_upper, upper, lower), th.where(beyond_upper, clip_q[0], clip_q[1])
-        # 1 - Phi(x), 1 - Phi(y)
-        tails_near = th.stack(
-            [th.where(beyond_upper, complements[0], complements[1]), th.where(beyond_upper, masses_p[1], masses_p[0])]
-        )
-        first_ratio, second_ratio = _mills_ratios(th.stack([near, far]).clamp_(min=_TAIL_Z))
-        by_first = tails_near * first_ratio
-        width = 2.0 * half_width
-        moment_1 = by_first[0] - by_first[1] - width * tails_near[1]
-        by_second = by_first * second_ratio
-        moment_2 = by_second[0] - by_second[1] - 2.0 * width * by_first[1] - width.square() * tails_near[1]
-        slope = rho * near_q - near_z  # L'(z) = rho z_q - z at the nearer clip point
-        log_ratio_near = 0.5 * (near_q - near_z) * (near_q + near_z) - 0.5 * double_log_ratio
         tail = (lower > _TAIL_Z) | (upper < -_TAIL_Z)
-        inside = th.where(tail, log_ratio_near * mass + inward * slope * moment_1 + 0.5 * expm1_ratio * moment_2, inside)
-        first = th.where(tail, near_z * mass + inward * moment_1, first)
-        first_gap = th.where(tail, (near_q - near_z) * mass + inward * expm1_half_ratio * moment_1, first_gap)
-        near_gap = near_z * slope * mass + inward * (slope + expm1_ratio * near_z) * moment_1 + expm1_ratio * moment_2
-        second_gap = th.where(tail, near_gap, second_gap)
+        if _may_hold(tail):
+            beyond_upper = upper < 0.0
+            near, far = th.where(beyond_upper, -upper, lower), th.where(beyond_upper, -lower, upper)
+            inward = 1.0 - 2.0 * beyond_upper.to(means.dtype)  # z - z_near = inward (t - x)
+            near_z, near_q = th.where(beyond_upper, upper, lower), th.where(beyond_upper, clip_q[0], clip_q[1])
+            # 1 - Phi(x), 1 - Phi(y)
+            tails_near = th.stack(
+                [th.where(beyond_upper, complements[0], complements[1]), th.where(beyond_upper, masses_p[1], masses_p[0])]
+            )
+            first_ratio, second_ratio = _mills_ratios(th.stack([near, far]).clamp_(min=_TAIL_Z))
+            by_first = tails_near * first_ratio
+            width = 2.0 * half_width
+            moment_1 = by_first[0] - by_first[1] - width * tails_near[1]
+            by_second = by_first * second_ratio
+            moment_2 = by_second[0] - by_second[1] - 2.0 * width * by_first[1] - width.square() * tails_near[1]
+            slope = rho * near_q - near_z  # L'(z) = rho z_q - z at the nearer clip point
+            log_ratio_near = 0.5 * (near_q - near_z) * (near_q + near_z) - 0.5 * double_log_ratio
+            inside = th.where(tail, log_ratio_near * mass + inward * slope * moment_1 + 0.5 * expm1_ratio * moment_2, inside)
+            first = th.where(tail, near_z * mass + inward * moment_1, first)
+            first_gap = th.where(tail, (near_q - near_z) * mass + inward * expm1_half_ratio * moment_1, first_gap)
+            near_gap = near_z * slope * mass + inward * (slope + expm1_ratio * near_z) * moment_1 + expm1_ratio * moment_2
+            second_gap = th.where(tail, near_gap, second_gap)
 
         # Quadrature in u where the clip interval is short in p's z-scores (no clamp is active for p there): p's partial
         # moments U_k = int phi(z) u^k dz, from phi at the nodes by one product with their weights; z, z_q - z, z_q + z
         # and rho z_q - z are affine in u (inf and NaN here are only of elements in the other regimes, not used)
         free_p = ((differences[0].abs() <= DIFFERENCE_LIMIT) & (z_scores[0].abs() < Z_SCORE_LIMIT)).all(dim=0)
         short = free_p & (half_width <= _SHORT_WIDTH) & (means[0].abs() * inv_stds[0] * half_width <= _SHORT_SLOPE)
-        nodes, node_moments = _legendre(means.device)
-        offset = -means[0] * inv_stds[0]  # z = u / std_p + offset
-        at_nodes = th.addcmul(offset.reshape(1, -1), nodes.view(-1, 1), inv_stds[0].reshape(1, -1))
-        at_nodes = at_nodes.square_().mul_(-0.5).exp_()
-        u_moments = (node_moments @ at_nodes).view(3, *offset.shape).mul_(inv_stds[0] * _INV_SQRT_2PI)
-        # z_q - z = gap_slope u + gap_offset: the offset from q's own z-score where no clamp intervenes and its terms
-        # are the smaller (means far from q's), else as documented (close distributions: both terms first order)
-        gap_slope = expm1_half_ratio * inv_stds[0]
-        by_mean = means[0] * gap_slope
-        own_terms = (means * inv_stds).abs().sum(dim=0)
-        own = exact_q & (own_terms < delta.abs() + by_mean.abs())
-        gap_offset = th.where(own, means[0] * inv_stds[0] - means[1] * inv_stds[1], delta - by_mean)
-        sum_slope, sum_offset = 2.0 * inv_stds[0] + gap_slope, 2.0 * offset + gap_offset  # z_q + z
-        # rho z_q - z = expm1(d) z + rho (z_q - z)
-        lift_slope = expm1_half_ratio * inv_stds[0] + rho * gap_slope
-        lift_offset = expm1_half_ratio * offset + rho * gap_offset
+        if _may_hold(short):
+            nodes, node_moments = _legendre(means.device)
+            offset = -means[0] * inv_stds[0]  # z = u / std_p + offset
+            at_nodes = th.addcmul(offset.reshape(1, -1), nodes.view(-1, 1), inv_stds[0].reshape(1, -1))
+            at_nodes = at_nodes.square_().mul_(-0.5).exp_()
+            u_moments = (node_moments @ at_nodes).view(3, *offset.shape).mul_(inv_stds[0] * _INV_SQRT_2PI)
+            # z_q - z = gap_slope u + gap_offset: the offset from q's own z-score where no clamp intervenes and its terms
+            # are the smaller (means far from q's), else as documented (close distributions: both terms first order)
+            gap_slope = expm1_half_ratio * inv_stds[0]
+            by_mean = means[0] * gap_slope
+            own_terms = (means * inv_stds).abs().sum(dim=0)
+            own = exact_q & (own_terms < delta.abs() + by_mean.abs())
+            gap_offset = th.where(own, means[0] * inv_stds[0] - means[1] * inv_stds[1], delta - by_mean)
+            sum_slope, sum_offset = 2.0 * inv_stds[0] + gap_slope, 2.0 * offset + gap_offset  # z_q + z
+            # rho z_q - z = expm1(d) z + rho (z_q - z)
+            lift_slope = expm1_half_ratio * inv_stds[0] + rho * gap_slope
+            lift_offset = expm1_half_ratio * offset + rho * gap_offset
 
-        log_ratio = (
-            0.5 * _product_moment(u_moments, gap_slope, gap_offset, sum_slope, sum_offset)
-            - 0.5 * double_log_ratio * u_moments[0]
-        )
-        inside = th.where(short, log_ratio, inside)
-        first = th.where(short, inv_stds[0] * u_moments[1] + offset * u_moments[0], first)
-        first_gap = th.where(short, gap_slope * u_moments[1] + gap_offset * u_moments[0], first_gap)
-        second_gap = th.where(short, _product_moment(u_moments, inv_stds[0], offset, lift_slope, lift_offset), second_gap)
+            log_ratio = (
+                0.5 * _product_moment(u_moments, gap_slope, gap_offset, sum_slope, sum_offset)
+                - 0.5 * double_log_ratio * u_moments[0]
+            )
+            inside = th.where(short, log_ratio, inside)
+            first = th.where(short, inv_stds[0] * u_moments[1] + offset * u_moments[0], first)
+            first_gap = th.where(short, gap_slope * u_moments[1] + gap_offset * u_moments[0], first_gap)
+            second_gap = th.where(short, _product_moment(u_moments, inv_stds[0], offset, lift_slope, lift_offset), second_gap)
 
         # Rounding can make the KL of (nearly) equal distributions slightly negative
         kl = inside.add_((masses_p * log_mass_ratios).sum(dim=0)).clamp_(min=0.0)
