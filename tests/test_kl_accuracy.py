@@ -23,7 +23,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from sb3_safe.common.distributions import DIFFERENCE_LIMIT, LOG_STD_LIMIT, PRESQUASH_BOUND, Z_SCORE_LIMIT
-from sb3_safe.common.kl import clipped_gaussian_kl
+from sb3_safe.common.kl import _TAIL_Z, _mills_ratios, clipped_gaussian_kl
 
 #: mpmath's working precision: the closed form's terms cancel by up to ~60 digits (a log-std ratio of e^80 squared,
 #: moments of a clip interval 1e-17 wide)
@@ -172,6 +172,25 @@ EXTREME_CASES = {
     "close, p wide": (-2.6219909465743854, 15.424757400900097, -2.6219809143640966, 15.424757257858946),
     "equal": (0.7, -0.3, 0.7, -0.3),
     "moderate": (0.0, 0.0, 0.1, math.log(1.1)),
+    # a clip point just inside the far-tail bound (z ~ 5.96), q narrow there: the moments about p's mean cancel by
+    # ~z^4 / 2 (18 units of eps scale had they been used up to z = 6; the moments about the clip point, < 0.2)
+    "p's mean z = 5.96 beyond, q narrow there": (18.152520788601468, 0.9334912271436062, 3.0030519044887627, -7.1414711645),
+    "p's mean z = 5.96 beyond, p wider": (58.497141256276585, 2.228160380944841, 3.0030415263354246, -8.534512423303529),
+    "p's mean z = 5.96 beyond, p narrow": (3.3376036602412995, -2.871789060746118, 3.0014561375986957, -8.120655953134413),
+    # p far in its tail (z 20), the clip interval 1.8 of its stds wide: quadrature, exact for a short interval near p's
+    # mean, would be 1e4 units off here (the slope test must read p's mean, not q's)
+    "p far beyond, its interval short, q's mean at the clip point": (70.0, 1.2, 3.00001, -20.0),
+    # a clamp active inside: q's z-scores of the clip points then are rho z + delta of the clamped quantities (what
+    # the integral is of), not q's own (1e13 units off)
+    "delta beyond the z-score limit, p in the tail": (-20.0, 1.0, -PRESQUASH_BOUND, -32.5),
+    "2d beyond its limit, p wide": (0.5, 9.0, 0.2, -32.0),
+    "q's mean beyond the difference limit, p wide": (8.0, 6.7, -4.4e21, -35.7),
+    # p wide, its mean millions of q's stds away: rho z + delta (~1e10 each) cancels to q's z-score, and z_q - z to
+    # p's offset from q; the gradient needs the form without those terms (1e-9 relative off otherwise)
+    "p wide, its mean far from q's": (-9.8e6, 13.5, -3.6, -8.6),
+    "p wider, its mean far from q's, q narrower": (-8.5e6, 13.7, -4.85, -16.1),
+    # 2d clamped and p's mean half an std inside a clip point: d log_std_p keeps the clip points' own terms only
+    "2d beyond its lower limit, p at a clip point": (PRESQUASH_BOUND - 0.5 * math.exp(-5.0), -5.0, 0.5, 36.0),
 }
 
 
@@ -300,3 +319,20 @@ def test_equal_distributions_have_exactly_zero_kl_and_gradient() -> None:
     gradients = th.autograd.grad(kl.sum(), args)
     assert th.equal(kl, th.zeros_like(kl))
     assert all(th.equal(gradient, th.zeros_like(gradient)) for gradient in gradients)
+
+
+def test_the_far_tails_mills_ratios_are_accurate() -> None:
+    """
+    The far tail's moments about the nearer clip point take ``M1 / M0`` and ``M2 / M1`` of the standard normal's tail
+    beyond x (``M_k = int_x^inf (t - x)^k phi(t) dt``) from a continued fraction cut after a fixed number of terms:
+    a few ulps for every x the regime uses, from _TAIL_Z (where it converges slowest) on.
+    """
+    xs = th.cat([th.linspace(_TAIL_Z, 8.0, 61, dtype=th.float64), th.logspace(1.0, 6.0, 21, dtype=th.float64)])
+    first, second = _mills_ratios(xs)
+    with mp.workdps(DIGITS):
+        for value, got_first, got_second in zip(xs.tolist(), first.tolist(), second.tolist(), strict=True):
+            x = mp.mpf(value)
+            tail, density = _cdf(-x), _pdf(x)
+            moments = [tail, density - x * tail, (1 + x * x) * tail - x * density]
+            for got, expected in ((got_first, moments[1] / moments[0]), (got_second, moments[2] / moments[1])):
+                assert abs(got - expected) <= 8 * EPS * expected, (value, got, mp.nstr(expected, 17))
