@@ -29,6 +29,8 @@ class ZooConfig:
     :param zoo_timesteps: rl-zoo's training budget (the source's, with ``source``)
     :param kwargs: the algorithm's keyword arguments, schedules and ``policy_kwargs`` already resolved
     :param source: where the settings come from when not from rl-zoo (e.g. ``examples/maskable.py``), for reports
+    :param normalize_reward: with ``normalize``, VecNormalize scales the rewards too (rl-zoo's default); False: the
+        observations only
     """
 
     algo: str
@@ -39,6 +41,7 @@ class ZooConfig:
     zoo_timesteps: int
     kwargs: dict[str, Any] = field(default_factory=dict)
     source: str | None = None
+    normalize_reward: bool = True
 
     @property
     def gamma(self) -> float:

@@ -17,6 +17,12 @@ Probes:
   ``normalize_value`` on and its value head's output multiplied by 0.3 (the head's initial weights and its learning
   rate times 0.3, which for RMSprop is the same: its normalized values move 0.3 times as far per update), at the
   suite's 8,000 steps and at 6x (48,000, near the reward-scale map's 50,000).
+- ``a2c_long``: CartPole-v1 at A2C's rl-zoo settings, unbroken, 48,000 steps (near the reward-scale map's 50,000), 32
+  seeds: the stack with ``normalize_value`` on and off, and SafeA2C + guard with it on (the stack less the adaptive
+  lr): how often a run falls short of 500 at a budget where the default is meant to train. ``a2c_long_peers``: the
+  reward-scale map's peers (stock A2C, and A2C in ``VecNormalize``) on the same budget and seeds;
+  ``a2c_long_observations``: stock A2C and the stack with only the observations normalized
+  (``VecNormalize(norm_reward=False)``).
 - ``a2c_cartpole``: the three A2C CartPole-v1 stress configurations, the stack with ``normalize_value`` off and on at
   the suite's 8,000 steps, and on at 3x that; SafeA2C + guard with it on.
 - ``reward_spikes_clipped``: ``reward_spikes_1e6``'s stack with the rewards clipped to [-10, 10] (what the report
@@ -165,6 +171,8 @@ class Probe:
     steps_factor: int = 1
     prepare: Callable[[Any], None] | None = None
     normalize_obs: bool = False
+    #: with ``normalize_obs``: VecNormalize scales the rewards too
+    normalize_reward: bool = True
     lr_capped_at_configured: bool = False
     #: rewards clipped to [-clip_reward, clip_reward] after the configuration's wrapper (None: not clipped)
     clip_reward: float | None = None
@@ -224,6 +232,62 @@ def probes() -> dict[str, tuple[list[Probe], tuple[int, ...]]]:
             ],
             tuple(range(8)),
         ),
+        "a2c_long": (
+            [
+                Probe(
+                    "stack, normalize_value on, 6x steps",
+                    cartpole,
+                    STACK["A2C"],
+                    normalize_value=True,
+                    broken=False,
+                    steps_factor=6,
+                ),
+                Probe(
+                    "stack, normalize_value off, 6x steps",
+                    cartpole,
+                    STACK["A2C"],
+                    normalize_value=False,
+                    broken=False,
+                    steps_factor=6,
+                ),
+                Probe(
+                    "SafeA2C + guard, normalize_value on, 6x steps",
+                    cartpole,
+                    SAFE_A2C_GUARD,
+                    normalize_value=True,
+                    broken=False,
+                    steps_factor=6,
+                ),
+            ],
+            tuple(range(8, 40)),
+        ),
+        "a2c_long_peers": (
+            [
+                # The reward-scale map's peers: stock A2C, and in VecNormalize (observations and rewards, rl-zoo's
+                # `normalize: true`), at the same 48,000 steps and seeds as `a2c_long` plus 0-7 (`head_gain`'s)
+                Probe("A2C, 6x steps", cartpole, "A2C", broken=False, steps_factor=6),
+                Probe("A2C + VecNormalize, 6x steps", cartpole, "A2C", broken=False, steps_factor=6, normalize_obs=True),
+            ],
+            tuple(range(40)),
+        ),
+        "a2c_long_observations": (
+            [
+                # What sets the peer in VecNormalize apart: its observations, normalized alone, under stock A2C and
+                # under the stack (whose critic's targets are normalized by `normalize_value`)
+                Probe(
+                    f"{name}, observations normalized, 6x steps",
+                    cartpole,
+                    variant,
+                    normalize_value=normalize_value,
+                    broken=False,
+                    steps_factor=6,
+                    normalize_obs=True,
+                    normalize_reward=False,
+                )
+                for name, variant, normalize_value in (("A2C", "A2C", None), ("stack", STACK["A2C"], True))
+            ],
+            tuple(range(40)),
+        ),
         "a2c_cartpole": (
             [
                 probe
@@ -278,7 +342,7 @@ def run(probe: Probe, seed: int) -> dict[str, Any]:
     config = stress.CONFIGS[probe.config]
     settings = stress._settings(config, broken=probe.broken)
     if probe.normalize_obs:
-        settings = dataclasses.replace(settings, normalize=True)
+        settings = dataclasses.replace(settings, normalize=True, normalize_reward=probe.normalize_reward)
     variant = variants.VARIANTS[probe.variant]
     if probe.normalize_value is not None:
         variant = dataclasses.replace(variant, normalize_value=probe.normalize_value)

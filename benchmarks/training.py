@@ -21,14 +21,18 @@ def make_env(
     wrapper: Callable[[Any], Any] | None = None,
     normalize: bool = False,
     gamma: float = 0.99,
+    normalize_reward: bool = True,
 ) -> Any:
-    """A seeded, Monitor-wrapped vectorized env, with VecNormalize (zoo's settings) when ``normalize``."""
+    """
+    A seeded, Monitor-wrapped vectorized env, with VecNormalize (zoo's settings) when ``normalize``: observations and,
+    if ``normalize_reward``, rewards.
+    """
     from stable_baselines3.common.env_util import make_vec_env
     from stable_baselines3.common.vec_env import VecNormalize
 
     register_envs(env_id)
     env = make_vec_env(env_id, n_envs=n_envs, seed=seed, wrapper_class=wrapper)
-    return VecNormalize(env, gamma=gamma) if normalize else env
+    return VecNormalize(env, gamma=gamma, norm_reward=normalize_reward) if normalize else env
 
 
 def register_envs(env_id: str) -> None:
@@ -169,7 +173,7 @@ def train(
     :return: one JSONL row (wall and CPU seconds of ``learn()``, error, finiteness, return, guard counts, the final
         log-std's largest entry; MaskablePPO: the actions sampled against the mask)
     """
-    env = make_env(env_id, config.n_envs, seed, wrapper, config.normalize, config.gamma)
+    env = make_env(env_id, config.n_envs, seed, wrapper, config.normalize, config.gamma, config.normalize_reward)
     model = build_model(variant, env, seed, config.kwargs)
     if prepare is not None:
         prepare(model)
