@@ -3,7 +3,8 @@ Reward-scale map (issue 39): rewards multiplied by 1e-4 ... 1e30 on CartPole-v1 
 (rl-zoo's PPO entry), the final return evaluated on the unscaled task. Peers in the same run: stock SB3, stock SB3 in
 VecNormalize (rl-zoo's ``normalize: true``, observations and rewards: what an SB3 user reaches for), and sb3-safe's
 recommended stack (SafeA2C / KLAdaptivePPO + the guard in rollback mode + the adaptive learning rate) without and
-with ``normalize_value=True`` (PopArt, :mod:`sb3_safe.common.value_norm`).
+with ``normalize_value=True`` (PopArt, :mod:`sb3_safe.common.value_norm`), and with it in
+``VecNormalize(norm_reward=False)`` (the peer's observation normalization; the rewards left to ``normalize_value``).
 
 Budgets: the learning suite's (``benchmarks/learning.py``) at full size; quick: three scales, one seed, a few
 updates (a smoke check of the harness and of the extremes, not a measurement of learning).
@@ -38,19 +39,23 @@ OVERRIDES: dict[str, dict[str, dict[str, Any]]] = {
     "quick": {"PPO": dict(n_steps=256)},
     "full": {},
 }
-#: The ways to train, per family: (label, variant of benchmarks.variants, VecNormalize, normalize_value)
-SETTINGS: dict[str, tuple[tuple[str, str, bool, bool], ...]] = {
+#: The ways to train, per family: (label, variant of benchmarks.variants, VecNormalize: "" none, "all" observations and
+#: rewards (rl-zoo's ``normalize: true``), "observations" observations only; normalize_value)
+SETTINGS: dict[str, tuple[tuple[str, str, str, bool], ...]] = {
     "A2C": (
-        ("A2C", "A2C", False, False),
-        ("A2C + VecNormalize", "A2C", True, False),
-        ("SafeA2C+guard+KL-lr", "SafeA2C+guard+KL-lr", False, False),
-        ("SafeA2C+guard+KL-lr + normalize_value", "SafeA2C+guard+KL-lr", False, True),
+        ("A2C", "A2C", "", False),
+        ("A2C + VecNormalize", "A2C", "all", False),
+        ("SafeA2C+guard+KL-lr", "SafeA2C+guard+KL-lr", "", False),
+        ("SafeA2C+guard+KL-lr + normalize_value", "SafeA2C+guard+KL-lr", "", True),
+        # The peer's observation normalization, rewards left to normalize_value
+        ("SafeA2C+guard+KL-lr + normalize_value + VecNormalize(obs)", "SafeA2C+guard+KL-lr", "observations", True),
     ),
     "PPO": (
-        ("PPO", "PPO", False, False),
-        ("PPO + VecNormalize", "PPO", True, False),
-        ("KLAdaptivePPO+guard+KL-lr", "KLAdaptivePPO+guard+KL-lr", False, False),
-        ("KLAdaptivePPO+guard+KL-lr + normalize_value", "KLAdaptivePPO+guard+KL-lr", False, True),
+        ("PPO", "PPO", "", False),
+        ("PPO + VecNormalize", "PPO", "all", False),
+        ("KLAdaptivePPO+guard+KL-lr", "KLAdaptivePPO+guard+KL-lr", "", False),
+        ("KLAdaptivePPO+guard+KL-lr + normalize_value", "KLAdaptivePPO+guard+KL-lr", "", True),
+        ("KLAdaptivePPO+guard+KL-lr + normalize_value + VecNormalize(obs)", "KLAdaptivePPO+guard+KL-lr", "observations", True),
     ),
 }
 #: The tuned reference of a task: stock SB3 at scale 1 (same budget and seeds)
@@ -102,7 +107,8 @@ def run_job(job: Job) -> list[dict[str, Any]]:
     if VARIANTS[variant].algo in SAFE_ALGORITHM_CLASSES:  # explicit: the map's rows do not rest on a default
         overrides["normalize_value"] = normalize_value
     config = configs.family_config(family, env_id, **overrides)
-    config.normalize = config.normalize or vec_normalize
+    if vec_normalize:
+        config.normalize, config.normalize_reward = True, vec_normalize == "all"
     wrapper = functools.partial(ScaleReward, scale=scale)
     row = training.train(VARIANTS[variant], env_id, config, timesteps, seed, episodes, wrapper=wrapper)
     # The row's variant is the setting's label (the stack it trains with, in ``stack``)
@@ -161,7 +167,9 @@ def report(out: Path) -> None:
             " in a wrapper (stored as float32 by the rollout buffer). Variants: stock SB3; stock SB3 in VecNormalize"
             " (rl-zoo's `normalize: true`: observations and rewards); the recommended stack (safe algorithm +"
             " `NonFiniteGuardCallback(on_nonfinite='rollback')` + `KLAdaptiveLRCallback()`), without and with"
-            " `normalize_value=True`.",
+            " `normalize_value=True`, and with it in `VecNormalize(norm_reward=False)` (the peer's observation"
+            " normalization, the rewards left to `normalize_value`; added in the twelfth session, its rows may be of"
+            " a later commit).",
             "Normalized score: 0 a uniformly random policy, 1 stock SB3's mean return at scale 1 (the tuned reference,"
             f" same budget; 'n/a' where it beats random by less than {MIN_REFERENCE_GAIN:.0%} of the random return)."
             " Crash: an exception or non-finite parameters at the end (the run scores NaN).",
@@ -227,7 +235,7 @@ def plot(runs: list[dict[str, Any]], out: Path) -> None:
     """A heatmap per task: mean normalized score per variant (rows) and reward scale (columns)."""
     plt = reports.pyplot()
     envs = list(dict.fromkeys(row["env"] for row in runs))
-    figure, axes = plt.subplots(1, max(1, len(envs)), figsize=(6.5 * max(1, len(envs)), 3.8), squeeze=False)
+    figure, axes = plt.subplots(1, max(1, len(envs)), figsize=(7.5 * max(1, len(envs)), 4.2), squeeze=False)
     for axis, env_id in zip(axes[0], envs, strict=False):
         family = next(family for family, env in TASKS if env == env_id)
         labels = [label for label, *_ in SETTINGS[family] if any(row["variant"] == label for row in runs)]
