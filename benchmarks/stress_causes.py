@@ -100,6 +100,17 @@ def _scale_critic(factor: float) -> Callable[[Any], None]:
     return prepare
 
 
+def _split_optimizer(policy: Any, second: list[th.nn.Parameter]) -> th.optim.Optimizer:
+    """
+    Give ``policy`` an optimizer of its kind and settings with two parameter groups: the others first (the adaptive lr
+    reads and sets group 0's rate), then ``second``.
+    """
+    second_ids = {id(parameter) for parameter in second}
+    first = [parameter for parameter in policy.parameters() if id(parameter) not in second_ids]
+    policy.optimizer = type(policy.optimizer)([{"params": first}, {"params": second}], **policy.optimizer.defaults)
+    return policy.optimizer
+
+
 def _hold_rate(held: str) -> Callable[[Any], None]:
     """
     Split the optimizer of an A2C's policy into the actor's and the critic's parameters and hold ``held``'s learning
@@ -109,17 +120,14 @@ def _hold_rate(held: str) -> Callable[[Any], None]:
     def prepare(model: Any) -> None:
         policy = model.policy
         critic = [*policy.mlp_extractor.value_net.parameters(), *policy.value_net.parameters()]
-        critic_ids = {id(parameter) for parameter in critic}
-        actor = [parameter for parameter in policy.parameters() if id(parameter) not in critic_ids]
         configured = policy.optimizer.defaults["lr"]
-        optimizer = type(policy.optimizer)([{"params": actor}, {"params": critic}], **policy.optimizer.defaults)
+        optimizer = _split_optimizer(policy, critic)
         held_group = optimizer.param_groups[1 if held == "critic" else 0]
 
         def hold(*_: Any) -> None:
             held_group["lr"] = configured
 
         optimizer.register_step_pre_hook(hold)
-        policy.optimizer = optimizer
 
     return prepare
 
@@ -138,18 +146,12 @@ def _head_gain(gain: float) -> Callable[[Any], None]:
         with th.no_grad():
             for parameter in head.parameters():
                 parameter.mul_(gain)
-        head_ids = {id(parameter) for parameter in head.parameters()}
-        rest = [parameter for parameter in policy.parameters() if id(parameter) not in head_ids]
-        # The others first: the adaptive lr reads and sets the rate of group 0
-        optimizer = type(policy.optimizer)(
-            [{"params": rest}, {"params": list(head.parameters())}], **policy.optimizer.defaults
-        )
+        optimizer = _split_optimizer(policy, list(head.parameters()))
 
         def follow(*_: Any) -> None:
             optimizer.param_groups[1]["lr"] = gain * optimizer.param_groups[0]["lr"]
 
         optimizer.register_step_pre_hook(follow)
-        policy.optimizer = optimizer
 
     return prepare
 
@@ -182,6 +184,10 @@ def probes() -> dict[str, tuple[list[Probe], tuple[int, ...]]]:
     """Probe name: its ways to train and its seeds."""
     cartpole = "reward_scale_1e6"  # its unbroken settings: rl-zoo's A2C CartPole-v1 entry
     a2c_configs = ("reward_scale_1e6", "reward_spikes_1e6", "rmsprop_lr_100x_discrete")
+    # the default stack near the reward-scale map's budget: seeds 0-7 in head_gain, 8-39 in a2c_long
+    long_stack = Probe(
+        "stack, normalize_value on, 6x steps", cartpole, STACK["A2C"], normalize_value=True, broken=False, steps_factor=6
+    )
     return {
         "critic_speed": (
             [
@@ -220,28 +226,12 @@ def probes() -> dict[str, tuple[list[Probe], tuple[int, ...]]]:
                 for config, broken in ((cartpole, False), (cartpole, True))
                 for factor, label in ((1, ""), (6, ", 6x steps"))
             ]
-            + [
-                Probe(
-                    "stack, normalize_value on, 6x steps",
-                    cartpole,
-                    STACK["A2C"],
-                    normalize_value=True,
-                    broken=False,
-                    steps_factor=6,
-                )
-            ],
+            + [long_stack],
             tuple(range(8)),
         ),
         "a2c_long": (
             [
-                Probe(
-                    "stack, normalize_value on, 6x steps",
-                    cartpole,
-                    STACK["A2C"],
-                    normalize_value=True,
-                    broken=False,
-                    steps_factor=6,
-                ),
+                long_stack,
                 Probe(
                     "stack, normalize_value off, 6x steps",
                     cartpole,
