@@ -23,6 +23,10 @@ Probes:
   reward-scale map's peers (stock A2C, and A2C in ``VecNormalize``) on the same budget and seeds;
   ``a2c_long_observations``: stock A2C and the stack with only the observations normalized
   (``VecNormalize(norm_reward=False)``).
+- ``a2c_observations``: the stack (``normalize_value`` on) in ``VecNormalize(norm_reward=False)`` at the suite's
+  8,000 steps, 8 seeds: CartPole-v1 unbroken and the three A2C CartPole-v1 stress configurations.
+- ``stack_observations``: the recommended stack in ``VecNormalize(norm_reward=False)`` on every configuration whose
+  unbroken settings learn at the suite's budget and that has no ``VecNormalize``, the suite's seeds.
 - ``a2c_cartpole``: the three A2C CartPole-v1 stress configurations, the stack with ``normalize_value`` off and on at
   the suite's 8,000 steps, and on at 3x that; SafeA2C + guard with it on.
 - ``reward_spikes_clipped``: ``reward_spikes_1e6``'s stack with the rewards clipped to [-10, 10] (what the report
@@ -62,6 +66,16 @@ MASKED_STACK = "MaskablePPO+SafeMaskableMlpPolicy+guard+KL-lr"
 #: The stack less the adaptive learning rate
 SAFE_A2C_GUARD = "SafeA2C+guard"
 #: Logged values traced per update
+#: The configurations whose unbroken settings learn at the suite's budget and that train without VecNormalize
+LEARNING_CONFIGS = (
+    "lr_100x_ppo",
+    "reward_scale_1e6",
+    "reward_spikes_1e6",
+    "rmsprop_lr_100x_discrete",
+    "recurrent_log_std",
+    "masked_large_logits",
+    "masked_sgd_lr",
+)
 TRACED = ("train/entropy_loss", "train/approx_kl", "train/learning_rate", "train/logit_max")
 
 
@@ -277,6 +291,41 @@ def probes() -> dict[str, tuple[list[Probe], tuple[int, ...]]]:
                 for name, variant, normalize_value in (("A2C", "A2C", None), ("stack", STACK["A2C"], True))
             ],
             tuple(range(40)),
+        ),
+        "a2c_observations": (
+            [
+                # The suite's budget with the observations normalized (VecNormalize(norm_reward=False)), which at
+                # 48,000 steps closes the gap to the peer in VecNormalize: the stack, unbroken and broken
+                Probe(
+                    f"stack, observations normalized{label}",
+                    name,
+                    STACK["A2C"],
+                    normalize_value=True,
+                    broken=broken,
+                    normalize_obs=True,
+                    normalize_reward=False,
+                )
+                for name, broken, label in (
+                    (cartpole, False, ", unbroken"),
+                    *((name, True, "") for name in a2c_configs),
+                )
+            ],
+            tuple(range(8)),
+        ),
+        "stack_observations": (
+            [
+                # The recommended stack with the observations normalized, on every configuration whose unbroken
+                # settings learn at the suite's budget and that trains without VecNormalize, the suite's seeds
+                Probe(
+                    "stack, observations normalized",
+                    name,
+                    stress.FAMILY_VARIANTS[stress.CONFIGS[name].family][-1] or "",
+                    normalize_obs=True,
+                    normalize_reward=False,
+                )
+                for name in LEARNING_CONFIGS
+            ],
+            (0, 1, 2),
         ),
         "a2c_cartpole": (
             [
