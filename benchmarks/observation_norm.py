@@ -7,10 +7,16 @@ own rows of stock SB3 and of the same stack without it (``learning.jsonl``). The
 normalizes observations (the stress suite's misses, ``stress.md``, thirteenth session). Resumable: rows already in the
 JSONL are skipped.
 
+The same for the robustness map's CartPole-v1 slice (rl-zoo's A2C entry, no ``VecNormalize``; the map's other tasks
+have bounded observations or ``VecNormalize``): its recommended-stack variants on every cell and seed, observations
+normalized, scored against the map's own rows (``robustness.jsonl``).
+
 Usage::
 
-    python -m benchmarks.observation_norm            # train what is missing
-    python -m benchmarks.observation_norm --summary  # print the comparison
+    python -m benchmarks.observation_norm                         # the learning suite's tasks: train what is missing
+    python -m benchmarks.observation_norm --summary               # print the comparison
+    python -m benchmarks.observation_norm --robustness VARIANT    # the map's CartPole-v1 slice of one stack variant
+    python -m benchmarks.observation_norm --robustness-summary    # its targets against the map's
 """
 
 import dataclasses
@@ -21,9 +27,11 @@ from typing import Any
 
 import torch as th
 
-from benchmarks import configs, learning, reports, suite, training, variants
+from benchmarks import configs, learning, reports, robustness, robustness_scores, suite, training, variants
 
 OUT = reports.RESULTS / "observation_norm.jsonl"
+ROBUSTNESS_OUT = reports.RESULTS / "observation_norm_robustness.jsonl"
+ROBUSTNESS_TASK = "CartPole-v1"
 #: (family, env, stock variant, the stack's variant) of each learning-suite task without VecNormalize
 TASKS = (
     ("PPO", "CartPole-v1", "PPO", "KLAdaptivePPO+KL-lr"),
@@ -100,8 +108,45 @@ def summary() -> None:
         print(" | ".join(line))
 
 
+def run_robustness(variant: str) -> None:
+    """Every cell and seed of the map's :data:`ROBUSTNESS_TASK` slice for ``variant``, observations normalized."""
+    if variant not in robustness.TASKS[ROBUSTNESS_TASK].recommended:
+        raise ValueError(f"{variant!r}: not among {ROBUSTNESS_TASK}'s recommended variants")
+    th.set_num_threads(1)
+    done: set[tuple[str, str, float, float, int]] = set()
+    if ROBUSTNESS_OUT.exists():
+        done = {robustness.row_key(row) for row in suite.read_jsonl(ROBUSTNESS_OUT)[1]}
+    else:
+        meta = dict(kind="meta", command="python -m benchmarks.observation_norm --robustness")
+        suite.write_jsonl(ROBUSTNESS_OUT, [dict(meta, **suite.machine_info())])
+    for job in robustness.jobs("full"):
+        if job[0] != ROBUSTNESS_TASK or job[1] != variant or robustness.job_key(job) in done:
+            continue
+        for row in robustness.run_job(job, observations_normalized=True):
+            suite.write_jsonl(ROBUSTNESS_OUT, [dict(row, kind="run", finished_at=time.time())], mode="a")
+            print(json.dumps({key: row[key] for key in ("variant", "lr_factor", "ent_coef", "seed", "final_return")}))
+
+
+def robustness_summary() -> None:
+    """The recommended stack's targets on the map's slice: its own rows, then with the observations normalized."""
+    task = robustness.TASKS[ROBUSTNESS_TASK]
+    map_rows = [row for row in suite.read_jsonl(reports.RESULTS / "robustness.jsonl")[1] if row.get("task") == task.env_id]
+    normalized = suite.read_jsonl(ROBUSTNESS_OUT)[1]
+    replaced = {row["variant"] for row in normalized}
+    for label, rows in (("map", map_rows), ("normalized", [r for r in map_rows if r["variant"] not in replaced] + normalized)):
+        result = robustness_scores.task_results(task, rows)
+        iqms = robustness_scores.iqm_intervals(result)
+        for variant in task.recommended:
+            for target in robustness_scores.targets(result, variant, iqms):
+                print(f"{label:10s} {variant:32s} {target.name}: {target.text}")
+
+
 if __name__ == "__main__":
     if sys.argv[1:] == ["--summary"]:
         summary()
+    elif sys.argv[1:2] == ["--robustness"]:
+        run_robustness(sys.argv[2])
+    elif sys.argv[1:] == ["--robustness-summary"]:
+        robustness_summary()
     else:
         main()

@@ -62,7 +62,7 @@ run got about half a core: 571 s of run wall time for 283 CPU-s of training), i.
 
 import functools
 import inspect
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -323,16 +323,19 @@ def cell_config(task: Task, factor: float, ent_coef: float, size: str) -> config
     return task_config(task, **overrides)
 
 
-def run_job(job: Job, guard: str | None = None) -> list[dict[str, Any]]:
+def run_job(job: Job, guard: str | None = None, observations_normalized: bool = False) -> list[dict[str, Any]]:
     """
     Train and evaluate one grid cell's run; crashes are results.
 
     :param guard: a guard in this mode on a variant without one (``benchmarks.no_stall``); None: the variant as it is
+    :param observations_normalized: train in ``VecNormalize(norm_reward=False)`` (``benchmarks.observation_norm``)
     """
     env_id, variant, factor, ent_coef, seed, size = job
     task = TASKS[env_id]
     tuned_lr, _ = tuned_settings(task)
     config = cell_config(task, factor, ent_coef, size)
+    if observations_normalized:
+        config = replace(config, normalize=True, normalize_reward=False)
     row = training.train(variants.guarded(variant, guard), env_id, config, task.timesteps[size], seed, EVAL_EPISODES[size])
     return [
         dict(
