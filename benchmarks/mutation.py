@@ -50,6 +50,7 @@ from benchmarks.configs import ROOT
 
 #: The modules measured, smallest first, and the test files that may kill their mutants
 MODULES: dict[str, list[str]] = {
+    "sb3_safe/common/observation_norm.py": ["tests/test_observation_norm.py"],
     "sb3_safe/common/updates.py": [
         "tests/test_updates.py",
         "tests/test_promises.py",

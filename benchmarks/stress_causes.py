@@ -27,6 +27,7 @@ Probes:
   8,000 steps, 8 seeds: CartPole-v1 unbroken and the three A2C CartPole-v1 stress configurations.
 - ``stack_observations``: the recommended stack in ``VecNormalize(norm_reward=False)`` on every configuration whose
   unbroken settings learn at the suite's budget and that has no ``VecNormalize``, 8 seeds (the suite's 0-2 first).
+- ``stack_policy_observations``: the same with the safe policy's ``normalize_observations=True`` instead.
 - ``a2c_cartpole``: the three A2C CartPole-v1 stress configurations, the stack with ``normalize_value`` off and on at
   the suite's 8,000 steps, and on at 3x that; SafeA2C + guard with it on.
 - ``reward_spikes_clipped``: ``reward_spikes_1e6``'s stack with the rewards clipped to [-10, 10] (what the report
@@ -192,6 +193,8 @@ class Probe:
     lr_capped_at_configured: bool = False
     #: rewards clipped to [-clip_reward, clip_reward] after the configuration's wrapper (None: not clipped)
     clip_reward: float | None = None
+    #: the safe policy's own ``normalize_observations`` (not VecNormalize's)
+    policy_normalizes_observations: bool = False
 
 
 def probes() -> dict[str, tuple[list[Probe], tuple[int, ...]]]:
@@ -327,6 +330,19 @@ def probes() -> dict[str, tuple[list[Probe], tuple[int, ...]]]:
             ],
             tuple(range(8)),
         ),
+        "stack_policy_observations": (
+            [
+                # The same with the safe policy's normalize_observations instead of VecNormalize
+                Probe(
+                    "stack, normalize_observations",
+                    name,
+                    stress.FAMILY_VARIANTS[stress.CONFIGS[name].family][-1] or "",
+                    policy_normalizes_observations=True,
+                )
+                for name in LEARNING_CONFIGS
+            ],
+            tuple(range(8)),
+        ),
         "a2c_cartpole": (
             [
                 probe
@@ -387,6 +403,8 @@ def run(probe: Probe, seed: int) -> dict[str, Any]:
         variant = dataclasses.replace(variant, normalize_value=probe.normalize_value)
     if probe.lr_capped_at_configured:
         variant = dataclasses.replace(variant, lr_capped_at_configured=True)
+    if probe.policy_normalizes_observations:
+        variant = dataclasses.replace(variant, normalize_observations=True)
     steps = config.timesteps["full"] * probe.steps_factor
     trace = TraceUpdates()
     prepares = [step for step in (config.prepare if probe.broken else None, probe.prepare) if step is not None]

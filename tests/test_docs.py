@@ -21,6 +21,7 @@ MODULES = (
     "sb3_safe.common.rollout_kl",
     "sb3_safe.common.updates",
     "sb3_safe.common.value_norm",
+    "sb3_safe.common.observation_norm",
 )
 #: what Sphinx writes between a parameter's name and type and its description: "name (type) \N{EN DASH} description"
 DASH = "\N{EN DASH}"

@@ -218,6 +218,12 @@ class Shows:
             self.check(printed, namespace)
 
 
+def _observations_in_raw_units(printed: str, namespace: dict[str, Any]) -> None:
+    # "standard deviations ~1e8": the statistics are the observations' (x1e9), taken over the rollouts before the last
+    std = namespace["model"].policy.observation_normalizer.obs_var.sqrt()
+    assert ((std > 1e7) & (std < 1e10)).all(), std
+
+
 def _doctor_healthy(printed: str, namespace: dict[str, Any]) -> None:
     # "sb3-safe doctor ppo_pendulum: checked without loading it"
     report = diagnose("ppo_pendulum")
@@ -303,6 +309,12 @@ SHOWS = [
     Shows("docs/guide/install.md", "CUDA available:", printed=f"{th.__version__} CUDA available: {th.cuda.is_available()}\n"),
     Shows("docs/guide/policies.md", "model.policy.log_std.max().item() <= 2.0", printed="True True\n"),
     Shows("docs/guide/policies.md", "print(min_action_probability(6, 10.0))", check=_minimum_kept),
+    Shows(
+        "docs/guide/policies.md",
+        "observation_normalizer.obs_var.sqrt()",
+        check=_observations_in_raw_units,
+        max_timesteps=2_000,
+    ),
     Shows("docs/guide/policies.md", "except PolicyAlgorithmMismatchError as error:", check=_policy_refused),
     Shows("docs/guide/kl_ppo.md", 'KLAdaptivePPO.load("stock_ppo", env=env)', check=_stock_run_continued),
     Shows("docs/guide/quickstart.md", 'print(f"mean return', check=_evaluated),

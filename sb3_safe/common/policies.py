@@ -24,6 +24,7 @@ from sb3_safe.common.distributions import (
     validate_log_std_range,
     validate_logit_bound,
 )
+from sb3_safe.common.observation_norm import ObservationNormalizer, validate_observation_space
 from sb3_safe.common.value_norm import install_saved_value_normalization
 
 #: What the algorithms of other policy families read from their policy right after building it (in
@@ -66,17 +67,22 @@ class SafeDistributionMixin(BasePolicy):
     - :attr:`optimizer`: every optimizer assigned to the policy (SB3's, the one sb3-contrib's recurrent policy
       rebuilds in its constructor, a user's) projects the log-std parameter after each of its steps;
     - :meth:`project_log_std`, also run by ``get_distribution`` (whatever its signature) and ``set_training_mode``;
-    - ``_get_constructor_parameters`` saving :attr:`safe_keywords`, so ``save`` / ``load`` restore them.
+    - ``_get_constructor_parameters`` saving :attr:`safe_keywords`, so ``save`` / ``load`` restore them;
+    - with ``normalize_observations``, :attr:`observation_normalizer` before every features extractor, its statistics
+      taken from the observations ``forward`` (a rollout) sees and folded in at the next rollout after an update.
     """
 
     #: Constructor keywords the family adds to its SB3 policy's, saved with the policy (read back as attributes)
-    safe_keywords: ClassVar[tuple[str, ...]] = ("log_std_range", "logit_bound", "squash_output")
+    safe_keywords: ClassVar[tuple[str, ...]] = ("log_std_range", "logit_bound", "squash_output", "normalize_observations")
     #: The algorithms the family serves, for the error when another algorithm is given the policy
     served_algorithms: ClassVar[str] = "PPO, A2C, KLAdaptivePPO, SafeA2C and TRPO"
 
     log_std_range: tuple[float, float]
     logit_bound: float | None
     _tanh_squash: bool
+    normalize_observations: bool
+    #: whether an update ran since the observations seen were folded into the normalizer's statistics
+    _observations_due: bool
 
     def __getattr__(self, name: str) -> Any:
         # Only reached when normal lookup fails (torch's Module.__getattr__ then finds submodules and parameters).
@@ -102,6 +108,8 @@ class SafeDistributionMixin(BasePolicy):
         logit_bound: float | None = DEFAULT_LOGIT_BOUND,
         squash_output: bool = False,
         use_sde: bool = False,
+        observation_space: spaces.Space | None = None,
+        normalize_observations: bool = False,
     ) -> bool:
         """
         Check and store the safe keywords. Called before SB3's constructor, whose ``_build`` builds the
@@ -112,6 +120,8 @@ class SafeDistributionMixin(BasePolicy):
         :param logit_bound: see :class:`SafeActorCriticPolicy`
         :param squash_output: see :class:`SafeActorCriticPolicy`
         :param use_sde: whether gSDE is used
+        :param observation_space: the policy's observation space (checked where ``normalize_observations``)
+        :param normalize_observations: see :class:`SafeActorCriticPolicy`
         :return: the ``squash_output`` to pass to SB3's constructor: SB3 squashes only with gSDE, without it the
             squashed Gaussian is sb3-safe's
         :raises ValueError: naming the argument, for a setting outside its allowed values
@@ -125,6 +135,10 @@ class SafeDistributionMixin(BasePolicy):
         self.logit_bound = validate_logit_bound(logit_bound)
         warn_about_arguments_without_effect(action_space, self.log_std_range, self.logit_bound)
         self._tanh_squash = squash_output and not use_sde
+        if normalize_observations:
+            validate_observation_space(observation_space)
+        self.normalize_observations = bool(normalize_observations)
+        self._observations_due = False
         return squash_output and use_sde
 
     def _set_safe_action_dist(self) -> None:
@@ -136,6 +150,32 @@ class SafeDistributionMixin(BasePolicy):
         # SB3's constructors set their own distribution just before calling _build, which builds the networks on it
         self._set_safe_action_dist()
         super()._build(lr_schedule)  # type: ignore[misc]  # the SB3 policy next in the MRO has it
+        if self.normalize_observations:
+            self._install_observation_normalizer()
+
+    def _install_observation_normalizer(self) -> None:
+        # A pre-hook of each features extractor, not an override of extract_features: SB3's policies reach the
+        # extractors through BaseModel.extract_features directly (predict_values, get_distribution)
+        shape = self.observation_space.shape
+        assert shape is not None  # a Box: _init_safe_arguments checked it
+        self.observation_normalizer = ObservationNormalizer(shape)
+        extractors = {
+            id(module): module
+            for name in ("features_extractor", "pi_features_extractor", "vf_features_extractor")
+            if isinstance(module := getattr(self, name, None), th.nn.Module)
+        }
+        for extractor in extractors.values():
+            extractor.register_forward_pre_hook(self.observation_normalizer.features_extractor_pre_hook)
+
+    def forward(self, obs: th.Tensor, *args: Any, **kwargs: Any) -> Any:
+        # forward() is how the on-policy algorithms act in a rollout (predict() and the updates do not call it): the
+        # statistics take the rollout's observations, after folding in those of the rollouts before the last update
+        if self.normalize_observations:
+            if self._observations_due:
+                self.observation_normalizer.commit()
+                self._observations_due = False
+            self.observation_normalizer.observe(obs)
+        return super().forward(obs, *args, **kwargs)
 
     @property
     def optimizer(self) -> th.optim.Optimizer:
@@ -176,6 +216,8 @@ class SafeDistributionMixin(BasePolicy):
 
     def set_training_mode(self, mode: bool) -> None:
         self.project_log_std()
+        # Training mode starts an update: the next rollout folds in the observations collected so far
+        self._observations_due = self._observations_due or mode
         super().set_training_mode(mode)
 
     def _get_constructor_parameters(self) -> dict[str, Any]:
@@ -203,6 +245,9 @@ class SafeActorCriticPolicy(SafeDistributionMixin, ActorCriticPolicy):
         (SB3 requires gSDE), with log-probs exact and finite even when tanh saturates.
     :param use_sde: generalized State Dependent Exploration, with the std bounded by ``log_std_range`` (the
         algorithm passes its own ``use_sde``)
+    :param normalize_observations: normalize Box observations with running statistics of those the rollouts saw,
+        as ``VecNormalize(norm_obs=True)`` does, the statistics kept in the policy (saved with the model, restored
+        by the guard's rollback); fixed from a rollout to the end of its update. Not for Dict or image observations.
     :param kwargs: the other keywords of SB3's
         :sb3:`ActorCriticPolicy <modules/ppo.html#stable_baselines3.common.policies.ActorCriticPolicy>`, with their
         meaning there: ``net_arch``, ``activation_fn``, ``ortho_init``, ``log_std_init``, ``full_std``,
@@ -226,9 +271,12 @@ class SafeActorCriticPolicy(SafeDistributionMixin, ActorCriticPolicy):
         logit_bound: float | None = DEFAULT_LOGIT_BOUND,
         squash_output: bool = False,
         use_sde: bool = False,
+        normalize_observations: bool = False,
         **kwargs: Any,
     ):
-        sb3_squash_output = self._init_safe_arguments(action_space, log_std_range, logit_bound, squash_output, use_sde)
+        sb3_squash_output = self._init_safe_arguments(
+            action_space, log_std_range, logit_bound, squash_output, use_sde, observation_space, normalize_observations
+        )
         super().__init__(
             observation_space, action_space, lr_schedule, squash_output=sb3_squash_output, use_sde=use_sde, **kwargs
         )

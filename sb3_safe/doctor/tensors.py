@@ -10,11 +10,14 @@ from typing import Any
 
 import torch as th
 
+from sb3_safe.common import observation_norm, value_norm
 from sb3_safe.common.numerics import find_nonfinite
-from sb3_safe.common.value_norm import STATISTICS
 from sb3_safe.doctor.archive import UnreadableModelError
 from sb3_safe.doctor.report import WEIGHT_LIMIT, BeyondLimit, DoctorReport
 from sb3_safe.doctor.scan import printable
+
+#: Buffers of running statistics (of the returns, of the observations) in their own units, not weights
+STATISTICS = value_norm.STATISTICS + observation_norm.STATISTICS
 
 #: The entries SB3 reads as pytorch variables ("tensors.pth": SB3 before 0.9)
 VARIABLE_ENTRIES = ("pytorch_variables.pth", "tensors.pth")
@@ -195,7 +198,7 @@ def check_tensors(
     policy = [
         (printable(f"policy.{key}"), tensor)
         for key, tensor in params.get("policy", {}).items()
-        # normalize_value's running statistics of the returns are in reward units (a count, a mean of 1e6): not weights
+        # normalize_value's and normalize_observations' running statistics are in their data's units: not weights
         if _is_dense_float(tensor) and tensor.numel() > 0 and key.rpartition(".")[2] not in STATISTICS
     ]
     log_stds = [tensor for name, tensor in policy if name.endswith("log_std")]

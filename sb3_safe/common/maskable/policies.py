@@ -29,6 +29,8 @@ class SafeMaskableActorCriticPolicy(SafeDistributionMixin, MaskableActorCriticPo
     :param lr_schedule: the learning-rate schedule the optimizer starts from (the algorithm passes it)
     :param logit_bound: logits are mapped smoothly into ``(-logit_bound, logit_bound)`` before masking.
         ``None`` keeps sb3-contrib's raw logits.
+    :param normalize_observations: normalize Box observations with running statistics kept in the policy (see
+        :class:`~sb3_safe.common.policies.SafeActorCriticPolicy`)
     :param kwargs: the other keywords of sb3-contrib's :sb3-contrib:`MaskableActorCriticPolicy
         <modules/ppo_mask.html#sb3_contrib.common.maskable.policies.MaskableActorCriticPolicy>`, with their meaning
         there: ``net_arch``, ``activation_fn``, ``ortho_init``, ``features_extractor_class``,
@@ -44,7 +46,7 @@ class SafeMaskableActorCriticPolicy(SafeDistributionMixin, MaskableActorCriticPo
     TD3 read parts it does not have.
     """
 
-    safe_keywords: ClassVar[tuple[str, ...]] = ("logit_bound",)
+    safe_keywords: ClassVar[tuple[str, ...]] = ("logit_bound", "normalize_observations")
     served_algorithms: ClassVar[str] = "MaskablePPO"
 
     def __init__(
@@ -53,6 +55,7 @@ class SafeMaskableActorCriticPolicy(SafeDistributionMixin, MaskableActorCriticPo
         action_space: spaces.Space,
         lr_schedule: Schedule,
         logit_bound: float | None = DEFAULT_LOGIT_BOUND,
+        normalize_observations: bool = False,
         **kwargs: Any,
     ):
         if "use_sde" in kwargs:
@@ -63,7 +66,12 @@ class SafeMaskableActorCriticPolicy(SafeDistributionMixin, MaskableActorCriticPo
                 'sb3_safe.SafeMlpPolicy (SAC its own "MlpPolicy")'
             )
         # Action masking is for discrete actions only: no log-std, no squashing
-        self._init_safe_arguments(action_space, logit_bound=logit_bound)
+        self._init_safe_arguments(
+            action_space,
+            logit_bound=logit_bound,
+            observation_space=observation_space,
+            normalize_observations=normalize_observations,
+        )
         super().__init__(observation_space, action_space, lr_schedule, **kwargs)
 
     def _set_safe_action_dist(self) -> None:

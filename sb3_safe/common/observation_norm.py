@@ -1,0 +1,126 @@
+"""
+Running normalization of Box observations inside a safe policy (``normalize_observations=True``), what SB3's
+``VecNormalize(norm_obs=True)`` does outside it, with the statistics in the policy: saved with the model, restored by
+a rollback of the guard, and read by ``predict()`` wherever the model is loaded.
+
+The statistics are fixed from one rollout to the end of the update that trains on it, so that the log-probabilities
+and values a rollout stores are those the update recomputes (the first ratio of PPO is exactly 1), and the observations
+a rollout collects are folded in when the next rollout starts. Until the first rollout is folded in, the statistics
+are mean 0 and variance 1: the observations pass clipped to ``[-clip, clip]`` (the first rollout of observations in
+raw units of 1e11 then saturates nothing beyond the clip).
+"""
+
+import torch as th
+from gymnasium import spaces
+from stable_baselines3.common.preprocessing import is_image_space
+from torch import nn
+
+#: The least variance the observations are scaled by: a constant observation maps to zero, not to inf
+MIN_VARIANCE = 1e-8
+#: Normalized observations are clipped to [-CLIP, CLIP], as VecNormalize's default ``clip_obs``
+CLIP = 10.0
+#: The names of the normalizer's buffers: statistics of the observations in their own units, not weights
+STATISTICS = ("obs_mean", "obs_var", "obs_count", "pending_mean", "pending_var", "pending_count")
+
+
+def validate_observation_space(observation_space: spaces.Space | None) -> None:
+    """
+    :param observation_space: the policy's observation space
+    :raises ValueError: naming ``normalize_observations``, for a space it cannot normalize (not a Box, or images)
+    """
+    if not isinstance(observation_space, spaces.Box) or is_image_space(observation_space):
+        raise ValueError(
+            "normalize_observations=True needs a Box observation space that is not an image, got "
+            f"{observation_space}: for Dict observations or images use VecNormalize(norm_obs=True, norm_obs_keys=...) "
+            "or normalize_observations=False"
+        )
+
+
+def _merge(
+    mean: th.Tensor, var: th.Tensor, count: th.Tensor, other_mean: th.Tensor, other_var: th.Tensor, other_count: th.Tensor
+) -> tuple[th.Tensor, th.Tensor, th.Tensor]:
+    """The mean, population variance and count of two sets of observations from theirs (Chan et al.'s merge)."""
+    total = count + other_count
+    delta = other_mean - mean
+    merged_mean = mean + delta * (other_count / total)
+    merged_var = (var * count + other_var * other_count + delta.square() * (count * other_count / total)) / total
+    return merged_mean, merged_var, total
+
+
+class ObservationNormalizer(nn.Module):
+    """
+    ``(obs - mean) / sqrt(var)``, clipped to ``[-CLIP, CLIP]``, with running float64 statistics of the observations.
+
+    :meth:`observe` adds observations to the pending statistics, :meth:`commit` folds those into the ones
+    :meth:`forward` uses. Non-finite observations are left out of the statistics (the guard names them).
+
+    :param shape: the shape of one observation
+    """
+
+    obs_mean: th.Tensor
+    obs_var: th.Tensor
+    obs_count: th.Tensor
+    pending_mean: th.Tensor
+    pending_var: th.Tensor
+    pending_count: th.Tensor
+
+    def __init__(self, shape: tuple[int, ...]) -> None:
+        super().__init__()
+        for prefix in ("obs", "pending"):
+            self.register_buffer(f"{prefix}_mean", th.zeros(shape, dtype=th.float64))
+            self.register_buffer(f"{prefix}_var", th.ones(shape, dtype=th.float64))
+            self.register_buffer(f"{prefix}_count", th.zeros((), dtype=th.float64))
+
+    def forward(self, obs: th.Tensor) -> th.Tensor:
+        """
+        :param obs: a batch of observations, as the features extractor receives them (float)
+        :return: the normalized observations, finite for any finite or infinite input, in ``obs``'s dtype
+        """
+        scaled = (obs.double() - self.obs_mean) / th.sqrt(self.obs_var.clamp(min=MIN_VARIANCE))
+        return scaled.clamp(-CLIP, CLIP).to(obs.dtype)
+
+    def features_extractor_pre_hook(self, module: nn.Module, args: tuple[th.Tensor, ...]) -> tuple[th.Tensor, ...]:
+        """
+        A forward pre-hook of a features extractor: it receives the normalized observations.
+
+        :param module: the features extractor
+        :param args: its positional arguments, the observations first
+        :return: the arguments, the observations normalized
+        """
+        return (self(args[0]), *args[1:])
+
+    @th.no_grad()
+    def observe(self, obs: th.Tensor) -> None:
+        """
+        Add a batch of observations to the pending statistics.
+
+        :param obs: observations, batch first
+        """
+        batch = obs.double().reshape(-1, *self.obs_mean.shape)
+        batch = batch[th.isfinite(batch).flatten(1).all(dim=1)]
+        if len(batch) == 0:
+            return
+        batch_count = th.tensor(float(len(batch)), dtype=th.float64, device=batch.device)
+        merged = _merge(
+            self.pending_mean,
+            self.pending_var,
+            self.pending_count,
+            batch.mean(dim=0),
+            batch.var(dim=0, unbiased=False),
+            batch_count,
+        )
+        for buffer, value in zip((self.pending_mean, self.pending_var, self.pending_count), merged, strict=True):
+            # In place: the guard's snapshots copy the buffers the policy holds
+            buffer.copy_(value)
+
+    @th.no_grad()
+    def commit(self) -> None:
+        """Fold the pending statistics into those :meth:`forward` uses, and start new pending ones."""
+        if self.pending_count.item() == 0:
+            return
+        merged = _merge(self.obs_mean, self.obs_var, self.obs_count, self.pending_mean, self.pending_var, self.pending_count)
+        for buffer, value in zip((self.obs_mean, self.obs_var, self.obs_count), merged, strict=True):
+            buffer.copy_(value)
+        self.pending_mean.zero_()
+        self.pending_var.fill_(1.0)
+        self.pending_count.zero_()

@@ -1,0 +1,284 @@
+"""
+Observation normalization inside the safe policies (``normalize_observations=True``): outputs finite and clipped for
+any input, exact running statistics, fixed from a rollout to the end of its update (the update recomputes the
+rollout's log-probabilities and values exactly), saved with the model, restored by a rollback, left out of the
+doctor's weights; refused for spaces it cannot normalize, and nothing changed when off.
+"""
+
+import math
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch as th
+from gymnasium import spaces
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from sb3_contrib import MaskablePPO, RecurrentPPO
+from stable_baselines3 import A2C, PPO
+from stable_baselines3.common.callbacks import BaseCallback
+
+from sb3_safe import KLAdaptivePPO, NonFiniteGuardCallback, SafeA2C, SafeMlpPolicy
+from sb3_safe.common.maskable import SafeMaskableMlpPolicy
+from sb3_safe.common.observation_norm import CLIP, ObservationNormalizer
+from sb3_safe.common.recurrent import SafeMlpLstmPolicy
+from sb3_safe.doctor import diagnose
+
+SCALE = 1e9
+ON = dict(normalize_observations=True)
+
+
+@pytest.fixture(autouse=True)
+def in_tmp_path(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The guard writes its reports to the current directory: keep them out of the checkout."""
+    monkeypatch.chdir(tmp_path)
+
+
+class RawUnits(gym.ObservationWrapper):
+    """CartPole-v1's observations times :data:`SCALE` plus an offset: sensor units nobody normalized."""
+
+    def __init__(self, env: gym.Env) -> None:
+        super().__init__(env)
+        self.observation_space = spaces.Box(-np.inf, np.inf, (4,), np.float32)
+
+    def observation(self, observation: np.ndarray) -> np.ndarray:
+        return (observation * SCALE + 3 * SCALE).astype(np.float32)
+
+    def action_masks(self) -> np.ndarray:
+        """Both actions valid (for MaskablePPO)."""
+        return np.ones(2, dtype=bool)
+
+
+def raw_cartpole() -> gym.Env:
+    return RawUnits(gym.make("CartPole-v1"))
+
+
+# ----- the normalizer's numbers -----
+
+finite32 = st.floats(allow_nan=False, allow_infinity=False, width=32)
+batches = st.lists(st.lists(finite32, min_size=3, max_size=3), min_size=1, max_size=12)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(batches, min_size=1, max_size=4), st.lists(st.lists(st.floats(width=32), min_size=3, max_size=3)))
+def test_outputs_are_finite_and_clipped_for_any_input(observed: list[list[list[float]]], inputs: list[list[float]]) -> None:
+    """Statistics of any finite observations (up to float32's range), any input (inf and NaN rows aside): finite,
+    within [-CLIP, CLIP]."""
+    normalizer = ObservationNormalizer((3,))
+    for batch in observed:
+        normalizer.observe(th.tensor(batch, dtype=th.float32))
+        normalizer.commit()
+    values = th.tensor(inputs or [[0.0, 0.0, 0.0]], dtype=th.float32)
+    out = normalizer(values)
+    assert out.dtype == th.float32
+    finite_in = ~th.isnan(values)
+    assert th.isfinite(out[finite_in]).all()
+    assert (out[finite_in].abs() <= CLIP).all()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(batches, min_size=1, max_size=5), st.integers(0, 4))
+def test_statistics_are_the_exact_mean_and_variance_of_the_finite_rows(
+    observed: list[list[list[float]]], bad_rows: int
+) -> None:
+    """Batches observed one after another (some rows NaN or inf, left out), committed at any point: the statistics
+    equal the mean and population variance of every finite row, the pending ones included once committed."""
+    normalizer = ObservationNormalizer((3,))
+    for index, batch in enumerate(observed):
+        rows = th.tensor(batch, dtype=th.float32)
+        if bad_rows:
+            rows = th.cat([rows, th.full((bad_rows, 3), math.nan), th.full((1, 3), math.inf)])
+        normalizer.observe(rows)
+        if index % 2:
+            normalizer.commit()
+    normalizer.commit()
+    every = np.concatenate([np.asarray(batch, dtype=np.float32).astype(np.float64) for batch in observed])
+    assert normalizer.obs_count.item() == len(every)
+    assert normalizer.pending_count.item() == 0
+    scale = max(1.0, float(np.abs(every).max()))
+    np.testing.assert_allclose(normalizer.obs_mean.numpy(), every.mean(axis=0), rtol=1e-9, atol=1e-12 * scale)
+    np.testing.assert_allclose(normalizer.obs_var.numpy(), every.var(axis=0), rtol=1e-9, atol=1e-12 * scale**2)
+
+
+def test_before_any_statistics_observations_pass_clipped() -> None:
+    normalizer = ObservationNormalizer((2,))
+    out = normalizer(th.tensor([[0.5, -3.0], [1e11, -math.inf]]))
+    assert out.tolist() == [[0.5, -3.0], [CLIP, -CLIP]]
+
+
+def test_observations_are_scaled_to_zero_mean_and_unit_variance() -> None:
+    normalizer = ObservationNormalizer((1,))
+    data = th.tensor([[1e11], [3e11], [5e11], [7e11]])
+    normalizer.observe(data)
+    assert normalizer(data).flatten().tolist() == [CLIP] * 4  # pending: not used before the commit
+    normalizer.commit()
+    out = normalizer(data).double().flatten()
+    assert out.mean().item() == pytest.approx(0.0, abs=1e-6) and out.var(unbiased=False).item() == pytest.approx(1.0)
+
+
+# ----- in the algorithms -----
+
+
+class RolloutCheck(BaseCallback):
+    """At each rollout's end (before its update): the normalizer's counts, the rollout's observations, and how far
+    the policy's log-probabilities and values of the rollout are from those it stored while collecting it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counts: list[tuple[float, float]] = []
+        self.observations: list[np.ndarray] = []
+        self.gaps: list[float] = []
+
+    def _on_step(self) -> bool:
+        return True
+
+    def _on_rollout_end(self) -> None:
+        buffer, policy = self.model.rollout_buffer, self.model.policy
+        normalizer = policy.observation_normalizer
+        self.counts.append((normalizer.obs_count.item(), normalizer.pending_count.item()))
+        self.observations.append(buffer.observations.reshape(-1, 4).astype(np.float64))
+        with th.no_grad():
+            values, log_prob, _ = policy.evaluate_actions(
+                th.as_tensor(buffer.observations.reshape(-1, 4)), th.as_tensor(buffer.actions.reshape(-1)).long()
+            )
+        self.gaps.append(
+            max(
+                np.abs(log_prob.numpy() - buffer.log_probs.reshape(-1)).max(),
+                np.abs(values.flatten().numpy() - buffer.values.reshape(-1)).max(),
+            )
+        )
+
+
+FEED_FORWARD = [
+    pytest.param(PPO, dict(n_steps=32, batch_size=32, n_epochs=2), id="PPO"),
+    pytest.param(A2C, dict(n_steps=16), id="A2C"),
+    pytest.param(KLAdaptivePPO, dict(n_steps=32, batch_size=32, n_epochs=2, normalize_value=False), id="KLAdaptivePPO"),
+    pytest.param(SafeA2C, dict(n_steps=16, normalize_value=False), id="SafeA2C"),
+    # An actor and a critic with a features extractor each: both see the normalized observations
+    pytest.param(
+        PPO,
+        dict(n_steps=32, batch_size=32, n_epochs=2, policy_kwargs=dict(share_features_extractor=False, **ON)),
+        id="PPO-separate-extractors",
+    ),
+]
+
+
+def make_model(algo: type, kwargs: dict[str, Any], n_envs: int = 2) -> Any:
+    from stable_baselines3.common.env_util import make_vec_env
+
+    env = make_vec_env(raw_cartpole, n_envs=n_envs, seed=0)
+    return algo(SafeMlpPolicy, env, **{"policy_kwargs": ON, **kwargs}, seed=0, device="cpu")
+
+
+@pytest.mark.parametrize(("algo", "kwargs"), FEED_FORWARD)
+def test_statistics_are_fixed_from_a_rollout_to_the_end_of_its_update(algo: type, kwargs: dict[str, Any]) -> None:
+    """Observations in units of 1e9: each rollout is normalized by the statistics of the rollouts before the last
+    update, so the update recomputes the stored log-probabilities and values exactly (PPO's first ratio is 1), and
+    the statistics are exactly those of the earlier rollouts."""
+    model = make_model(algo, kwargs)
+    rollout = model.n_steps * model.n_envs
+    check = RolloutCheck()
+    model.learn(4 * rollout, callback=check)
+    assert check.counts == [(0.0, rollout), (rollout, rollout), (2 * rollout, rollout), (3 * rollout, rollout)]
+    assert max(check.gaps) < 1e-5
+    seen = np.concatenate(check.observations[:3])
+    normalizer = model.policy.observation_normalizer
+    np.testing.assert_allclose(normalizer.obs_mean.numpy(), seen.mean(axis=0), rtol=1e-9)
+    np.testing.assert_allclose(normalizer.obs_var.numpy(), seen.var(axis=0), rtol=1e-9)
+    # Every features extractor sees observations of unit scale, not 1e9
+    seen_by_extractors = []
+    for extractor in {id(m): m for m in (model.policy.pi_features_extractor, model.policy.vf_features_extractor)}.values():
+        extractor.register_forward_hook(lambda module, args, out: seen_by_extractors.append(args[0]))
+    model.policy.predict_values(th.as_tensor(check.observations[-1], dtype=th.float32))
+    model.policy.get_distribution(th.as_tensor(check.observations[-1], dtype=th.float32))
+    assert len(seen_by_extractors) == 2
+    assert all(0.3 < inputs.std().item() < 3.0 for inputs in seen_by_extractors)
+
+
+@pytest.mark.parametrize(
+    ("algo", "policy", "kwargs"),
+    [
+        pytest.param(RecurrentPPO, SafeMlpLstmPolicy, dict(n_steps=32, batch_size=32, n_epochs=1), id="RecurrentPPO"),
+        pytest.param(MaskablePPO, SafeMaskableMlpPolicy, dict(n_steps=32, batch_size=32, n_epochs=1), id="MaskablePPO"),
+    ],
+)
+def test_sb3_contrib_policies_take_the_statistics_of_their_rollouts(algo: type, policy: type, kwargs: dict[str, Any]) -> None:
+    model = algo(policy, raw_cartpole(), policy_kwargs=ON, seed=0, device="cpu", **kwargs)
+    model.learn(3 * 32)
+    normalizer = model.policy.observation_normalizer
+    assert (normalizer.obs_count.item(), normalizer.pending_count.item()) == (64, 32)
+    # CartPole-v1's observations are within +-0.3 of 0 but for the velocities' tails: about 3e9 in raw units
+    assert normalizer.obs_mean.numpy() == pytest.approx([3 * SCALE] * 4, rel=0.2)
+
+
+def test_saved_and_loaded_with_the_model(tmp_path: Any) -> None:
+    model = make_model(PPO, dict(n_steps=32, batch_size=32, n_epochs=1))
+    model.learn(3 * 64)
+    model.save(tmp_path / "model")
+    loaded = PPO.load(tmp_path / "model", device="cpu")
+    for name, tensor in model.policy.observation_normalizer.state_dict().items():
+        assert th.equal(loaded.policy.observation_normalizer.state_dict()[name], tensor), name
+    obs = np.stack([raw_cartpole().reset(seed=seed)[0] for seed in range(5)])
+    assert np.array_equal(model.predict(obs, deterministic=True)[0], loaded.predict(obs, deterministic=True)[0])
+    # predict() reads the statistics and leaves them as they are
+    before = loaded.policy.observation_normalizer.pending_count.item()
+    loaded.predict(obs)
+    assert loaded.policy.observation_normalizer.pending_count.item() == before
+
+
+def test_the_doctor_does_not_read_the_statistics_as_weights(tmp_path: Any) -> None:
+    """A mean of 3e9 is the observations' unit, not a weight beyond its limit."""
+    model = make_model(PPO, dict(n_steps=32, batch_size=32, n_epochs=1))
+    model.learn(3 * 64)
+    model.save(tmp_path / "model")
+    report = diagnose(tmp_path / "model.zip")
+    assert not any("observation_normalizer" in name for name, _ in report.largest)
+    assert not report.beyond_limits
+
+
+@pytest.mark.parametrize(("algo", "kwargs"), FEED_FORWARD[2:])
+def test_a_rollback_restores_the_statistics(algo: type, kwargs: dict[str, Any]) -> None:
+    """A NaN written into the weights by the 3rd update: the guard restores the state after the 2nd update, in which
+    the 1st rollout's observations are the statistics and the 2nd's are pending (the 3rd's, taken in since, are
+    gone)."""
+    model = make_model(algo, kwargs)
+    rollout = model.n_steps * model.n_envs
+    steps_per_update = 1 if algo is SafeA2C else kwargs["n_epochs"] * (rollout // kwargs["batch_size"])
+    calls = [0]
+
+    def corrupt_third_update(optimizer: th.optim.Optimizer, args: Any, kwargs_: Any) -> None:
+        calls[0] += 1
+        if calls[0] == 2 * steps_per_update + 1:
+            with th.no_grad():
+                model.policy.action_net.weight[0, 0] = math.nan
+
+    model.policy.optimizer.register_step_post_hook(corrupt_third_update)
+    check = RolloutCheck()
+    guard = NonFiniteGuardCallback(on_nonfinite="rollback", snapshot_every=1)
+    model.learn(3 * rollout, callback=[guard, check])
+    assert guard.n_rollbacks == 1 and guard.events[0].healthy["timestep"] == 2 * rollout
+    normalizer = model.policy.observation_normalizer
+    assert (normalizer.obs_count.item(), normalizer.pending_count.item()) == (rollout, rollout)
+    np.testing.assert_allclose(normalizer.obs_mean.numpy(), check.observations[0].mean(axis=0), rtol=1e-9)
+    np.testing.assert_allclose(normalizer.pending_mean.numpy(), check.observations[1].mean(axis=0), rtol=1e-9)
+
+
+@pytest.mark.parametrize(
+    ("policy", "space"),
+    [
+        (SafeMlpPolicy, spaces.Dict({"a": spaces.Box(-1, 1, (2,))})),
+        (SafeMlpPolicy, spaces.Box(0, 255, (36, 36, 3), np.uint8)),
+        (SafeMaskableMlpPolicy, spaces.Discrete(4)),
+    ],
+)
+def test_spaces_it_cannot_normalize_are_refused_at_construction(policy: type, space: spaces.Space) -> None:
+    with pytest.raises(ValueError, match=r"normalize_observations=True needs a Box observation space"):
+        policy(space, spaces.Discrete(2), lambda _: 1e-3, **ON)
+
+
+def test_off_by_default_with_sb3_s_state_dict_keys() -> None:
+    policy = SafeMlpPolicy(spaces.Box(-1, 1, (4,)), spaces.Discrete(2), lambda _: 1e-3)
+    assert not policy.normalize_observations
+    assert not any("observation_normalizer" in key for key in policy.state_dict())
+    assert not any(module._forward_pre_hooks for module in policy.modules())
