@@ -15,8 +15,8 @@ Usage::
 
     python -m benchmarks.observation_norm                         # the learning suite's tasks: train what is missing
     python -m benchmarks.observation_norm --summary               # print the comparison
-    python -m benchmarks.observation_norm --robustness VARIANT    # the map's CartPole-v1 slice of one stack variant
-    python -m benchmarks.observation_norm --robustness-summary    # its targets against the map's
+    python -m benchmarks.observation_norm --robustness VARIANT [env|policy]  # the map's CartPole-v1 slice, one variant
+    python -m benchmarks.observation_norm --robustness-summary              # its targets against the map's
 """
 
 import dataclasses
@@ -30,7 +30,11 @@ import torch as th
 from benchmarks import configs, learning, reports, robustness, robustness_scores, suite, training, variants
 
 OUT = reports.RESULTS / "observation_norm.jsonl"
-ROBUSTNESS_OUT = reports.RESULTS / "observation_norm_robustness.jsonl"
+#: Where each way of normalizing writes the robustness slice: VecNormalize's ("env"), the safe policy's ("policy")
+ROBUSTNESS_OUT = {
+    "env": reports.RESULTS / "observation_norm_robustness.jsonl",
+    "policy": reports.RESULTS / "observation_norm_robustness_policy.jsonl",
+}
 ROBUSTNESS_TASK = "CartPole-v1"
 #: (family, env, stock variant, the stack's variant) of each learning-suite task without VecNormalize
 TASKS = (
@@ -108,22 +112,28 @@ def summary() -> None:
         print(" | ".join(line))
 
 
-def run_robustness(variant: str) -> None:
-    """Every cell and seed of the map's :data:`ROBUSTNESS_TASK` slice for ``variant``, observations normalized."""
+def run_robustness(variant: str, way: str) -> None:
+    """
+    Every cell and seed of the map's :data:`ROBUSTNESS_TASK` slice for ``variant``, observations normalized.
+
+    :param variant: one of the slice's recommended variants
+    :param way: ``"env"`` (``VecNormalize(norm_reward=False)``) or ``"policy"`` (the safe policy's own)
+    """
     if variant not in robustness.TASKS[ROBUSTNESS_TASK].recommended:
         raise ValueError(f"{variant!r}: not among {ROBUSTNESS_TASK}'s recommended variants")
+    out = ROBUSTNESS_OUT[way]
     th.set_num_threads(1)
     done: set[tuple[str, str, float, float, int]] = set()
-    if ROBUSTNESS_OUT.exists():
-        done = {robustness.row_key(row) for row in suite.read_jsonl(ROBUSTNESS_OUT)[1]}
+    if out.exists():
+        done = {robustness.row_key(row) for row in suite.read_jsonl(out)[1]}
     else:
-        meta = dict(kind="meta", command="python -m benchmarks.observation_norm --robustness")
-        suite.write_jsonl(ROBUSTNESS_OUT, [dict(meta, **suite.machine_info())])
+        meta = dict(kind="meta", command=f"python -m benchmarks.observation_norm --robustness VARIANT {way}")
+        suite.write_jsonl(out, [dict(meta, **suite.machine_info())])
     for job in robustness.jobs("full"):
         if job[0] != ROBUSTNESS_TASK or job[1] != variant or robustness.job_key(job) in done:
             continue
-        for row in robustness.run_job(job, observations_normalized=True):
-            suite.write_jsonl(ROBUSTNESS_OUT, [dict(row, kind="run", finished_at=time.time())], mode="a")
+        for row in robustness.run_job(job, normalize_observations=way):
+            suite.write_jsonl(out, [dict(row, kind="run", finished_at=time.time())], mode="a")
             print(json.dumps({key: row[key] for key in ("variant", "lr_factor", "ent_coef", "seed", "final_return")}))
 
 
@@ -131,21 +141,22 @@ def robustness_summary() -> None:
     """The recommended stack's targets on the map's slice: its own rows, then with the observations normalized."""
     task = robustness.TASKS[ROBUSTNESS_TASK]
     map_rows = [row for row in suite.read_jsonl(reports.RESULTS / "robustness.jsonl")[1] if row.get("task") == task.env_id]
-    normalized = suite.read_jsonl(ROBUSTNESS_OUT)[1]
-    replaced = {row["variant"] for row in normalized}
-    for label, rows in (("map", map_rows), ("normalized", [r for r in map_rows if r["variant"] not in replaced] + normalized)):
+    ways = [("map", map_rows)] + [(way, suite.read_jsonl(out)[1]) for way, out in ROBUSTNESS_OUT.items() if out.exists()]
+    for label, normalized in ways:
+        replaced = {row["variant"] for row in normalized} if label != "map" else set()
+        rows = [row for row in map_rows if row["variant"] not in replaced] + (normalized if label != "map" else [])
         result = robustness_scores.task_results(task, rows)
         iqms = robustness_scores.iqm_intervals(result)
         for variant in task.recommended:
             for target in robustness_scores.targets(result, variant, iqms):
-                print(f"{label:10s} {variant:32s} {target.name}: {target.text}")
+                print(f"{label:6s} {variant:32s} {target.name}: {target.text}")
 
 
 if __name__ == "__main__":
     if sys.argv[1:] == ["--summary"]:
         summary()
     elif sys.argv[1:2] == ["--robustness"]:
-        run_robustness(sys.argv[2])
+        run_robustness(sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else "env")
     elif sys.argv[1:] == ["--robustness-summary"]:
         robustness_summary()
     else:

@@ -323,20 +323,26 @@ def cell_config(task: Task, factor: float, ent_coef: float, size: str) -> config
     return task_config(task, **overrides)
 
 
-def run_job(job: Job, guard: str | None = None, observations_normalized: bool = False) -> list[dict[str, Any]]:
+def run_job(job: Job, guard: str | None = None, normalize_observations: str | None = None) -> list[dict[str, Any]]:
     """
     Train and evaluate one grid cell's run; crashes are results.
 
     :param guard: a guard in this mode on a variant without one (``benchmarks.no_stall``); None: the variant as it is
-    :param observations_normalized: train in ``VecNormalize(norm_reward=False)`` (``benchmarks.observation_norm``)
+    :param normalize_observations: ``"env"``: train in ``VecNormalize(norm_reward=False)``; ``"policy"``: with the safe
+        policy's ``normalize_observations`` (both for ``benchmarks.observation_norm``); None: as the task trains
     """
     env_id, variant, factor, ent_coef, seed, size = job
     task = TASKS[env_id]
     tuned_lr, _ = tuned_settings(task)
     config = cell_config(task, factor, ent_coef, size)
-    if observations_normalized:
+    trained = variants.guarded(variant, guard)
+    if normalize_observations == "env":
         config = replace(config, normalize=True, normalize_reward=False)
-    row = training.train(variants.guarded(variant, guard), env_id, config, task.timesteps[size], seed, EVAL_EPISODES[size])
+    elif normalize_observations == "policy":
+        trained = replace(trained, normalize_observations=True)
+    elif normalize_observations is not None:
+        raise ValueError(f"normalize_observations={normalize_observations!r}: 'env', 'policy' or None")
+    row = training.train(trained, env_id, config, task.timesteps[size], seed, EVAL_EPISODES[size])
     return [
         dict(
             task=env_id,
