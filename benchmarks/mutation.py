@@ -172,6 +172,30 @@ HAND_TESTS = ["tests/test_promises.py"]
 #: Survivors that change no behaviour, by row key (``module:operator:occurrence@source``: a changed source is triaged
 #: again), with why
 EQUIVALENT: dict[str, str] = {
+    "sb3_safe/common/observation_norm.py:core/NumberReplacer:5@b49f31ed934e": (
+        "SB3's features extractors are called with the observations alone: args holds one tensor, args[-1] is args[0]."
+    ),
+    "sb3_safe/common/observation_norm.py:core/NumberReplacer:6@b49f31ed934e": (
+        "SB3's features extractors are called with the observations alone: args[1:] and args[2:] are both empty."
+    ),
+    "sb3_safe/common/observation_norm.py:core/NumberReplacer:22@b49f31ed934e": (
+        "The pending variance is reset with a count of 0, which weights it by 0 in the next merge: any finite reset "
+        "value gives the same statistics."
+    ),
+    "sb3_safe/common/observation_norm.py:core/NumberReplacer:23@b49f31ed934e": (
+        "The pending variance is reset with a count of 0, which weights it by 0 in the next merge: any finite reset "
+        "value gives the same statistics."
+    ),
+    "sb3_safe/common/observation_norm.py:core/ReplaceTrueWithFalse:0@b49f31ed934e": (
+        "Both sides of the zip are three tensors (the buffers and _merge's three results): strict changes nothing."
+    ),
+    "sb3_safe/common/observation_norm.py:core/ReplaceTrueWithFalse:1@b49f31ed934e": (
+        "Both sides of the zip are three tensors (the buffers and _merge's three results): strict changes nothing."
+    ),
+    "sb3_safe/common/observation_norm.py:core/RemoveDecorator:1@b49f31ed934e": (
+        "commit() reads and writes the buffers only, which observe() (under no_grad, tested) keeps free of gradients: "
+        "no graph either way."
+    ),
     "sb3_safe/common/kl.py:core/ReplaceComparisonOperator_Gt_GtE:0@134ad189f87a": (
         "mass = Phi(-lower) - Phi(-upper) or Phi(upper) - Phi(lower) are the same quantity; `>=` only changes the choice "
         "at lower == 0.0 exactly, where both differences are of values in [0.5, 1] and round alike (~1e-16 absolute)."

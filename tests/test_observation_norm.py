@@ -102,9 +102,39 @@ def test_statistics_are_the_exact_mean_and_variance_of_the_finite_rows(
 
 
 def test_before_any_statistics_observations_pass_clipped() -> None:
+    """Clipped at 10, VecNormalize's default ``clip_obs``; a commit of nothing observed changes nothing."""
     normalizer = ObservationNormalizer((2,))
+    normalizer.commit()
     out = normalizer(th.tensor([[0.5, -3.0], [1e11, -math.inf]]))
-    assert out.tolist() == [[0.5, -3.0], [CLIP, -CLIP]]
+    assert out.tolist() == [[0.5, -3.0], [10.0, -10.0]]
+
+
+def test_a_batch_without_a_finite_row_changes_nothing() -> None:
+    normalizer = ObservationNormalizer((3,))
+    normalizer.observe(th.tensor([[math.nan, 0.0, 0.0], [0.0, math.inf, 0.0]]))
+    assert normalizer.pending_count.item() == 0 and th.isfinite(normalizer.pending_mean).all()
+    normalizer.observe(th.tensor([[1.0, 2.0, 3.0]]))
+    normalizer.commit()
+    assert normalizer.obs_mean.tolist() == [1.0, 2.0, 3.0] and normalizer.obs_count.item() == 1
+
+
+def test_small_and_constant_observations() -> None:
+    """Observations of 1e-3 are scaled up to unit variance; a constant one maps to 0, not to inf."""
+    normalizer = ObservationNormalizer((2,))
+    data = th.tensor([[1e-3, 5.0], [3e-3, 5.0], [5e-3, 5.0], [7e-3, 5.0]])
+    normalizer.observe(data)
+    normalizer.commit()
+    out = normalizer(data).double()
+    assert out[:, 0].var(unbiased=False).item() == pytest.approx(1.0, rel=1e-6)
+    assert out[:, 1].tolist() == [0.0] * 4
+
+
+def test_observing_takes_no_gradient() -> None:
+    """Observations that require a gradient leave no graph in the statistics (saved and copied as plain tensors)."""
+    normalizer = ObservationNormalizer((2,))
+    normalizer.observe(th.ones(3, 2, requires_grad=True))
+    normalizer.commit()
+    assert not any(buffer.requires_grad for buffer in normalizer.buffers())
 
 
 def test_observations_are_scaled_to_zero_mean_and_unit_variance() -> None:
