@@ -307,6 +307,12 @@ def test_spaces_it_cannot_normalize_are_refused_at_construction(policy: type, sp
         policy(space, spaces.Discrete(2), lambda _: 1e-3, **ON)
 
 
+@pytest.mark.parametrize("setting", ["yes", 1, None])
+def test_a_setting_other_than_true_or_false_is_refused(setting: Any) -> None:
+    with pytest.raises(ValueError, match=r"normalize_observations must be True or False, got"):
+        SafeMlpPolicy(spaces.Box(-1, 1, (4,)), spaces.Discrete(2), lambda _: 1e-3, normalize_observations=setting)
+
+
 def test_off_by_default_with_sb3_s_state_dict_keys() -> None:
     policy = SafeMlpPolicy(spaces.Box(-1, 1, (4,)), spaces.Discrete(2), lambda _: 1e-3)
     assert not policy.normalize_observations

@@ -135,6 +135,8 @@ class SafeDistributionMixin(BasePolicy):
         self.logit_bound = validate_logit_bound(logit_bound)
         warn_about_arguments_without_effect(action_space, self.log_std_range, self.logit_bound)
         self._tanh_squash = squash_output and not use_sde
+        if not isinstance(normalize_observations, bool | np.bool_):
+            raise ValueError(f"normalize_observations must be True or False, got {normalize_observations!r}")
         if normalize_observations:
             validate_observation_space(observation_space)
         self.normalize_observations = bool(normalize_observations)
