@@ -197,6 +197,13 @@ class Probe:
     policy_normalizes_observations: bool = False
 
 
+def _stack_on_learning_configs(label: str, **how: Any) -> list[Probe]:
+    """The recommended stack of each of :data:`LEARNING_CONFIGS`' families, trained ``how`` (Probe's fields)."""
+    return [
+        Probe(label, name, stress.FAMILY_VARIANTS[stress.CONFIGS[name].family][-1] or "", **how) for name in LEARNING_CONFIGS
+    ]
+
+
 def probes() -> dict[str, tuple[list[Probe], tuple[int, ...]]]:
     """Probe name: its ways to train and its seeds."""
     cartpole = "reward_scale_1e6"  # its unbroken settings: rl-zoo's A2C CartPole-v1 entry
@@ -315,32 +322,15 @@ def probes() -> dict[str, tuple[list[Probe], tuple[int, ...]]]:
             ],
             tuple(range(8)),
         ),
+        # The recommended stack with the observations normalized (by VecNormalize, then by the safe policy's own
+        # normalize_observations), on every configuration whose unbroken settings learn at the suite's budget and that
+        # trains without VecNormalize
         "stack_observations": (
-            [
-                # The recommended stack with the observations normalized, on every configuration whose unbroken
-                # settings learn at the suite's budget and that trains without VecNormalize, the suite's seeds
-                Probe(
-                    "stack, observations normalized",
-                    name,
-                    stress.FAMILY_VARIANTS[stress.CONFIGS[name].family][-1] or "",
-                    normalize_obs=True,
-                    normalize_reward=False,
-                )
-                for name in LEARNING_CONFIGS
-            ],
+            _stack_on_learning_configs("stack, observations normalized", normalize_obs=True, normalize_reward=False),
             tuple(range(8)),
         ),
         "stack_policy_observations": (
-            [
-                # The same with the safe policy's normalize_observations instead of VecNormalize
-                Probe(
-                    "stack, normalize_observations",
-                    name,
-                    stress.FAMILY_VARIANTS[stress.CONFIGS[name].family][-1] or "",
-                    policy_normalizes_observations=True,
-                )
-                for name in LEARNING_CONFIGS
-            ],
+            _stack_on_learning_configs("stack, normalize_observations", policy_normalizes_observations=True),
             tuple(range(8)),
         ),
         "a2c_cartpole": (

@@ -12,6 +12,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch as th
+from faults import NaNAfterOptimizerStep
 from gymnasium import spaces
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -275,15 +276,7 @@ def test_a_rollback_restores_the_statistics(algo: type, kwargs: dict[str, Any]) 
     model = make_model(algo, kwargs)
     rollout = model.n_steps * model.n_envs
     steps_per_update = 1 if algo is SafeA2C else kwargs["n_epochs"] * (rollout // kwargs["batch_size"])
-    calls = [0]
-
-    def corrupt_third_update(optimizer: th.optim.Optimizer, args: Any, kwargs_: Any) -> None:
-        calls[0] += 1
-        if calls[0] == 2 * steps_per_update + 1:
-            with th.no_grad():
-                model.policy.action_net.weight[0, 0] = math.nan
-
-    model.policy.optimizer.register_step_post_hook(corrupt_third_update)
+    NaNAfterOptimizerStep(model.policy.optimizer, 2 * steps_per_update + 1, model.policy.action_net.weight)
     check = RolloutCheck()
     guard = NonFiniteGuardCallback(on_nonfinite="rollback", snapshot_every=1)
     model.learn(3 * rollout, callback=[guard, check])
