@@ -13,7 +13,7 @@ normalized, scored against the map's own rows (``robustness.jsonl``).
 
 Usage::
 
-    python -m benchmarks.observation_norm                         # the learning suite's tasks: train what is missing
+    python -m benchmarks.observation_norm [env|policy]            # the learning suite's tasks: train what is missing
     python -m benchmarks.observation_norm --summary               # print the comparison
     python -m benchmarks.observation_norm --robustness VARIANT [env|policy]  # the map's CartPole-v1 slice, one variant
     python -m benchmarks.observation_norm --robustness-summary              # its targets against the map's
@@ -29,7 +29,8 @@ import torch as th
 
 from benchmarks import configs, learning, reports, robustness, robustness_scores, suite, training, variants
 
-OUT = reports.RESULTS / "observation_norm.jsonl"
+#: Where each way of normalizing writes the learning-suite runs: VecNormalize's ("env"), the safe policy's ("policy")
+OUT = {"env": reports.RESULTS / "observation_norm.jsonl", "policy": reports.RESULTS / "observation_norm_policy.jsonl"}
 #: Where each way of normalizing writes the robustness slice: VecNormalize's ("env"), the safe policy's ("policy")
 ROBUSTNESS_OUT = {
     "env": reports.RESULTS / "observation_norm_robustness.jsonl",
@@ -49,25 +50,38 @@ TASKS = (
 MORE_SEEDS = {("MaskablePPO", configs.MACHINE_SCHEDULING): (3, 4, 5, 6, 7)}
 
 
-def jobs() -> list[tuple[str, str, str, bool, int]]:
-    """(family, env, variant, observations normalized, seed): the suite's seeds normalized, then :data:`MORE_SEEDS`."""
+def jobs(way: str) -> list[tuple[str, str, str, bool, int]]:
+    """
+    (family, env, variant, observations normalized, seed): the suite's seeds normalized, then :data:`MORE_SEEDS`
+    (normalized, and for ``"env"`` also stock and the stack as the suite trains them).
+
+    :param way: ``"env"`` or ``"policy"``
+    """
     listed = [(family, env_id, variant, True, seed) for family, env_id, _, variant in TASKS for seed in learning.SEEDS["full"]]
     for family, env_id, stock, variant in TASKS:
         for seed in MORE_SEEDS.get((family, env_id), ()):
-            listed += [(family, env_id, stock, False, seed), (family, env_id, variant, False, seed)]
+            if way == "env":
+                listed += [(family, env_id, stock, False, seed), (family, env_id, variant, False, seed)]
             listed.append((family, env_id, variant, True, seed))
     return listed
 
 
-def run(family: str, env_id: str, variant: str, normalized: bool, seed: int) -> dict[str, Any]:
-    """One learning-suite run of ``variant``, its observations (only) normalized or as the suite trains it."""
+def run(family: str, env_id: str, variant: str, normalized: bool, seed: int, way: str = "env") -> dict[str, Any]:
+    """
+    One learning-suite run of ``variant``, its observations (only) normalized or as the suite trains it.
+
+    :param way: ``"env"``: normalized by ``VecNormalize(norm_reward=False)``; ``"policy"``: by the safe policy
+    """
     config = configs.family_config(family, env_id)
     if config.normalize:
         raise ValueError(f"{family} {env_id} normalizes already: not a task of this measurement")
-    if normalized:
+    trained = variants.VARIANTS[variant]
+    if normalized and way == "env":
         config = dataclasses.replace(config, normalize=True, normalize_reward=False)
+    elif normalized:
+        trained = dataclasses.replace(trained, normalize_observations=True)
     steps, episodes = learning.BUDGETS[(family, env_id)]["full"], learning.EVAL_EPISODES["full"]
-    row = training.train(variants.VARIANTS[variant], env_id, config, steps, seed, episodes)
+    row = training.train(trained, env_id, config, steps, seed, episodes)
     return dict(row, kind="run", family=family, observations_normalized=normalized)
 
 
@@ -75,40 +89,45 @@ def _key(row: dict[str, Any]) -> tuple[str, str, str, bool, int]:
     return row["family"], row["env"], row["variant"], row["observations_normalized"], row["seed"]
 
 
-def main() -> None:
+def main(way: str) -> None:
     th.set_num_threads(1)  # as the suites' workers
+    out = OUT[way]
     done: set[tuple[str, str, str, bool, int]] = set()
-    if OUT.exists():
-        done = {_key(row) for row in suite.read_jsonl(OUT)[1]}
+    if out.exists():
+        done = {_key(row) for row in suite.read_jsonl(out)[1]}
     else:
-        meta = dict(kind="meta", command="python -m benchmarks.observation_norm")
-        suite.write_jsonl(OUT, [dict(meta, **suite.machine_info())])
-    for job in jobs():
+        meta = dict(kind="meta", command=f"python -m benchmarks.observation_norm {way}")
+        suite.write_jsonl(out, [dict(meta, **suite.machine_info())])
+    for job in jobs(way):
         if job in done:
             continue
-        row = run(*job)
-        suite.write_jsonl(OUT, [dict(row, finished_at=time.time())], mode="a")
+        row = run(*job, way=way)
+        suite.write_jsonl(out, [dict(row, finished_at=time.time())], mode="a")
         print(json.dumps({key: row[key] for key in ("family", "env", "variant", "seed", "final_return")}), flush=True)
 
 
 def summary() -> None:
-    """Per task: final returns of stock SB3, of the stack (the learning suite's, then here) and of the stack normalized."""
+    """Per task: final returns of stock SB3, of the stack (the suite's, then here) and of the stack normalized each way."""
     suite_rows = [dict(row, observations_normalized=False) for row in suite.read_jsonl(reports.RESULTS / "learning.jsonl")[1]]
-    rows = suite_rows + suite.read_jsonl(OUT)[1]
+    rows = {way: suite.read_jsonl(out)[1] for way, out in OUT.items() if out.exists()}
+    unnormalized = suite_rows + [row for row in rows.get("env", []) if not row["observations_normalized"]]
     for family, env_id, stock, variant in TASKS:
         line = [f"{family} {env_id}"]
         returns = {}
-        for label, name, normalized in (("stock", stock, False), ("stack", variant, False), ("stack+obs", variant, True)):
+        ways = [("stock", stock, unnormalized), ("stack", variant, unnormalized)]
+        ways += [
+            (f"stack+obs({way})", variant, [row for row in way_rows if row["observations_normalized"]])
+            for way, way_rows in rows.items()
+        ]
+        for label, name, source in ways:
             returns[label] = [
                 row["final_return"]
-                for row in sorted(rows, key=lambda row: row["seed"])
-                if row.get("family") == family
-                and row["env"] == env_id
-                and row["variant"] == name
-                and row["observations_normalized"] == normalized
+                for row in sorted(source, key=lambda row: row["seed"])
+                if row.get("family") == family and row["env"] == env_id and row["variant"] == name
             ]
             line.append(f"{label} {learning._iqm_text(returns[label])} {[round(v, 1) for v in returns[label]]}")
-        line.append(f"P(stack+obs > stock) {learning._improvement_text(returns['stack+obs'], returns['stock'])}")
+            if label.startswith("stack+obs"):
+                line.append(f"P(> stock) {learning._improvement_text(returns[label], returns['stock'])}")
         print(" | ".join(line))
 
 
@@ -160,4 +179,4 @@ if __name__ == "__main__":
     elif sys.argv[1:] == ["--robustness-summary"]:
         robustness_summary()
     else:
-        main()
+        main(sys.argv[1] if len(sys.argv) > 1 else "env")
