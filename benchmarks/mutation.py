@@ -172,27 +172,27 @@ HAND_TESTS = ["tests/test_promises.py"]
 #: Survivors that change no behaviour, by row key (``module:operator:occurrence@source``: a changed source is triaged
 #: again), with why
 EQUIVALENT: dict[str, str] = {
-    "sb3_safe/common/observation_norm.py:core/NumberReplacer:5@b49f31ed934e": (
+    "sb3_safe/common/observation_norm.py:core/NumberReplacer:5@14b179757bf9": (
         "SB3's features extractors are called with the observations alone: args holds one tensor, args[-1] is args[0]."
     ),
-    "sb3_safe/common/observation_norm.py:core/NumberReplacer:6@b49f31ed934e": (
+    "sb3_safe/common/observation_norm.py:core/NumberReplacer:6@14b179757bf9": (
         "SB3's features extractors are called with the observations alone: args[1:] and args[2:] are both empty."
     ),
-    "sb3_safe/common/observation_norm.py:core/NumberReplacer:22@b49f31ed934e": (
+    "sb3_safe/common/observation_norm.py:core/NumberReplacer:22@14b179757bf9": (
         "The pending variance is reset with a count of 0, which weights it by 0 in the next merge: any finite reset "
         "value gives the same statistics."
     ),
-    "sb3_safe/common/observation_norm.py:core/NumberReplacer:23@b49f31ed934e": (
+    "sb3_safe/common/observation_norm.py:core/NumberReplacer:23@14b179757bf9": (
         "The pending variance is reset with a count of 0, which weights it by 0 in the next merge: any finite reset "
         "value gives the same statistics."
     ),
-    "sb3_safe/common/observation_norm.py:core/ReplaceTrueWithFalse:0@b49f31ed934e": (
-        "Both sides of the zip are three tensors (the buffers and _merge's three results): strict changes nothing."
+    "sb3_safe/common/observation_norm.py:core/ReplaceTrueWithFalse:0@14b179757bf9": (
+        "Both sides of the zip are three tensors (the buffers and merge_moments' three results): strict changes nothing."
     ),
-    "sb3_safe/common/observation_norm.py:core/ReplaceTrueWithFalse:1@b49f31ed934e": (
-        "Both sides of the zip are three tensors (the buffers and _merge's three results): strict changes nothing."
+    "sb3_safe/common/observation_norm.py:core/ReplaceTrueWithFalse:1@14b179757bf9": (
+        "Both sides of the zip are three tensors (the buffers and merge_moments' three results): strict changes nothing."
     ),
-    "sb3_safe/common/observation_norm.py:core/RemoveDecorator:1@b49f31ed934e": (
+    "sb3_safe/common/observation_norm.py:core/RemoveDecorator:1@14b179757bf9": (
         "commit() reads and writes the buffers only, which observe() (under no_grad, tested) keeps free of gradients: "
         "no graph either way."
     ),

@@ -1,4 +1,4 @@
-"""Finiteness checks and the error they raise, shared by policies, algorithms and callbacks."""
+"""Finiteness checks and the error they raise, and running statistics, shared by policies, algorithms and callbacks."""
 
 import math
 from collections.abc import Container, Iterable, Sequence
@@ -24,6 +24,33 @@ class TrainingStalledError(NonFiniteError):
     :class:`~sb3_safe.NonFiniteGuardCallback` in ``"raise"`` mode). A :class:`NonFiniteError`, so that code catching
     those catches it too.
     """
+
+
+def merge_moments(
+    mean: th.Tensor,
+    var: th.Tensor,
+    count: th.Tensor,
+    other_mean: th.Tensor,
+    other_var: th.Tensor,
+    other_count: th.Tensor | float,
+) -> tuple[th.Tensor, th.Tensor, th.Tensor]:
+    """
+    The mean, population variance and count of two sets of samples joined, from each set's (Chan et al.'s parallel
+    update: no sum of squares, so no cancellation where the mean is far larger than the spread). ``count`` may be 0.
+
+    :param mean: the first set's mean
+    :param var: its population variance
+    :param count: its size (a 0-d tensor)
+    :param other_mean: the second set's mean
+    :param other_var: its population variance
+    :param other_count: its size (> 0 unless ``count`` is)
+    :return: the joined set's mean, population variance and size
+    """
+    total = count + other_count
+    delta = other_mean - mean
+    merged_mean = mean + delta * (other_count / total)
+    merged_var = (var * count + other_var * other_count + delta.square() * (count * other_count / total)) / total
+    return merged_mean, merged_var, total
 
 
 def count_nonfinite(tensor: th.Tensor) -> tuple[int, int, int]:

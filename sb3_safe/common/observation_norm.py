@@ -15,6 +15,8 @@ from gymnasium import spaces
 from stable_baselines3.common.preprocessing import is_image_space
 from torch import nn
 
+from sb3_safe.common.numerics import merge_moments
+
 #: The least variance the observations are scaled by: a constant observation maps to zero, not to inf
 MIN_VARIANCE = 1e-8
 #: Normalized observations are clipped to [-CLIP, CLIP], as VecNormalize's default ``clip_obs``
@@ -34,17 +36,6 @@ def validate_observation_space(observation_space: spaces.Space | None) -> None:
             f"{observation_space}: for Dict observations or images use VecNormalize(norm_obs=True, norm_obs_keys=...) "
             "or normalize_observations=False"
         )
-
-
-def _merge(
-    mean: th.Tensor, var: th.Tensor, count: th.Tensor, other_mean: th.Tensor, other_var: th.Tensor, other_count: th.Tensor
-) -> tuple[th.Tensor, th.Tensor, th.Tensor]:
-    """The mean, population variance and count of two sets of observations from theirs (Chan et al.'s merge)."""
-    total = count + other_count
-    delta = other_mean - mean
-    merged_mean = mean + delta * (other_count / total)
-    merged_var = (var * count + other_var * other_count + delta.square() * (count * other_count / total)) / total
-    return merged_mean, merged_var, total
 
 
 class ObservationNormalizer(nn.Module):
@@ -97,18 +88,13 @@ class ObservationNormalizer(nn.Module):
         :param obs: observations, batch first
         """
         batch = obs.double().reshape(-1, *self.obs_mean.shape)
-        batch = batch[th.isfinite(batch).flatten(1).all(dim=1)]
-        if len(batch) == 0:
-            return
-        batch_count = th.tensor(float(len(batch)), dtype=th.float64, device=batch.device)
-        merged = _merge(
-            self.pending_mean,
-            self.pending_var,
-            self.pending_count,
-            batch.mean(dim=0),
-            batch.var(dim=0, unbiased=False),
-            batch_count,
-        )
+        # Runs at every step of a rollout: the rows are filtered only when some value is not finite
+        if not bool(th.isfinite(batch).all()):
+            batch = batch[th.isfinite(batch).flatten(1).all(dim=1)]
+            if len(batch) == 0:
+                return
+        var, mean = th.var_mean(batch, dim=0, correction=0)
+        merged = merge_moments(self.pending_mean, self.pending_var, self.pending_count, mean, var, float(len(batch)))
         for buffer, value in zip((self.pending_mean, self.pending_var, self.pending_count), merged, strict=True):
             # In place: the guard's snapshots copy the buffers the policy holds
             buffer.copy_(value)
@@ -118,7 +104,9 @@ class ObservationNormalizer(nn.Module):
         """Fold the pending statistics into those :meth:`forward` uses, and start new pending ones."""
         if self.pending_count.item() == 0:
             return
-        merged = _merge(self.obs_mean, self.obs_var, self.obs_count, self.pending_mean, self.pending_var, self.pending_count)
+        merged = merge_moments(
+            self.obs_mean, self.obs_var, self.obs_count, self.pending_mean, self.pending_var, self.pending_count
+        )
         for buffer, value in zip((self.obs_mean, self.obs_var, self.obs_count), merged, strict=True):
             buffer.copy_(value)
         self.pending_mean.zero_()

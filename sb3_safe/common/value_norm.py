@@ -34,6 +34,8 @@ from stable_baselines3.common.vec_env import VecEnv, unwrap_vec_normalize
 from torch import nn
 from torch.nn import functional as F
 
+from sb3_safe.common.numerics import merge_moments
+
 #: The least standard deviation the returns are scaled by: returns that are all equal scale to zero, not to inf
 MIN_STD = 1e-8
 #: The names of the head's statistics buffers: statistics of the returns in reward units, not weights
@@ -125,23 +127,18 @@ class PopArtValueHead(nn.Module):
         batch = th.as_tensor(returns, device=self.return_mean.device).reshape(-1, self.out_features).double()
         if batch.numel() == 0 or not bool(th.isfinite(batch).all()):
             return
-        count = self.return_count
-        n = float(batch.shape[0])
-        total = count + n
-        batch_mean = batch.mean(dim=0)
-        # Chan et al.'s parallel update of the mean and the sum of squared deviations
-        delta = batch_mean - self.return_mean
-        squares = self.return_var * count + batch.var(dim=0, correction=0) * n + delta.square() * count * n / total
+        had_returns = bool(self.return_count > 0)
         old_mean, old_std = self.return_mean.clone(), self.return_std
-        self.return_mean.add_(delta * n / total)
-        self.return_var.copy_(squares / total)
-        if count > 0:
+        var, mean = th.var_mean(batch, dim=0, correction=0)
+        merged = merge_moments(self.return_mean, self.return_var, self.return_count, mean, var, float(batch.shape[0]))
+        for buffer, value in zip((self.return_mean, self.return_var, self.return_count), merged, strict=True):
+            buffer.copy_(value)
+        if had_returns:
             new_std = self.return_std
             # sigma' (W' h + b') + mu' = sigma (W h + b) + mu
             self.weight.copy_(self.weight.double() * (old_std / new_std)[:, None])
             if self.bias is not None:
                 self.bias.copy_((self.bias.double() * old_std + old_mean - self.return_mean) / new_std)
-        self.return_count.add_(n)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
