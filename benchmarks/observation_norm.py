@@ -7,18 +7,20 @@ own rows of stock SB3 and of the same stack without it (``learning.jsonl``). The
 normalizes observations (the stress suite's misses, ``stress.md``, thirteenth session). Resumable: rows already in the
 JSONL are skipped.
 
-The same for the robustness map's CartPole-v1 slice (rl-zoo's A2C entry, no ``VecNormalize``; the map's other tasks
-have bounded observations or ``VecNormalize``): its recommended-stack variants on every cell and seed, observations
-normalized, scored against the map's own rows (``robustness.jsonl``).
+The same for a slice of the robustness map (a task without ``VecNormalize``: CartPole-v1, rl-zoo's A2C entry, or
+Pendulum-v1, its PPO entry): its recommended-stack variants on every cell and seed, observations normalized, scored
+against the map's own rows (``robustness.jsonl``). ``--seeds`` adds seeds beyond the map's three; way ``none`` trains
+them as the map does (observations as they come), the baseline of those seeds.
 
 Usage::
 
     python -m benchmarks.observation_norm [env|policy]            # the learning suite's tasks: train what is missing
     python -m benchmarks.observation_norm --summary               # print the comparison
-    python -m benchmarks.observation_norm --robustness VARIANT [env|policy]  # the map's CartPole-v1 slice, one variant
-    python -m benchmarks.observation_norm --robustness-summary              # its targets against the map's
+    python -m benchmarks.observation_norm --robustness VARIANT [--way env|policy|none] [--task ENV] [--seeds 3,4]
+    python -m benchmarks.observation_norm --robustness-summary [--task ENV]  # its targets against the map's
 """
 
+import argparse
 import dataclasses
 import json
 import sys
@@ -35,8 +37,11 @@ OUT = {"env": reports.RESULTS / "observation_norm.jsonl", "policy": reports.RESU
 ROBUSTNESS_OUT = {
     "env": reports.RESULTS / "observation_norm_robustness.jsonl",
     "policy": reports.RESULTS / "observation_norm_robustness_policy.jsonl",
+    # the map's own way (observations as they come) at the seeds the map has not run
+    "none": reports.RESULTS / "observation_norm_robustness_none.jsonl",
 }
-ROBUSTNESS_TASK = "CartPole-v1"
+#: The robustness map's tasks that train without VecNormalize
+ROBUSTNESS_TASKS = ("CartPole-v1", "Pendulum-v1")
 #: (family, env, stock variant, the stack's variant) of each learning-suite task without VecNormalize
 TASKS = (
     ("PPO", "CartPole-v1", "PPO", "KLAdaptivePPO+KL-lr"),
@@ -131,52 +136,87 @@ def summary() -> None:
         print(" | ".join(line))
 
 
-def run_robustness(variant: str, way: str) -> None:
+def run_robustness(variant: str, way: str, task_id: str = "CartPole-v1", seeds: tuple[int, ...] | None = None) -> None:
     """
-    Every cell and seed of the map's :data:`ROBUSTNESS_TASK` slice for ``variant``, observations normalized.
+    Every cell of the map's ``task_id`` slice for ``variant`` at ``seeds``, observations normalized ``way``.
 
     :param variant: one of the slice's recommended variants
-    :param way: ``"env"`` (``VecNormalize(norm_reward=False)``) or ``"policy"`` (the safe policy's own)
+    :param way: ``"env"`` (``VecNormalize(norm_reward=False)``), ``"policy"`` (the safe policy's own) or ``"none"``
+        (as the map trains it: for seeds the map has not run)
+    :param task_id: one of :data:`ROBUSTNESS_TASKS`
+    :param seeds: the seeds (None: the map's)
     """
-    if variant not in robustness.TASKS[ROBUSTNESS_TASK].recommended:
-        raise ValueError(f"{variant!r}: not among {ROBUSTNESS_TASK}'s recommended variants")
+    if task_id not in ROBUSTNESS_TASKS:
+        raise ValueError(f"task {task_id!r}: one of {ROBUSTNESS_TASKS}")
+    if variant not in robustness.TASKS[task_id].recommended:
+        raise ValueError(f"{variant!r}: not among {task_id}'s recommended variants {robustness.TASKS[task_id].recommended}")
+    if way == "none" and (seeds is None or set(seeds) & set(robustness.SEEDS["full"])):
+        raise ValueError(f"way 'none' trains as the map does: only seeds the map has not run (not {robustness.SEEDS['full']})")
     out = ROBUSTNESS_OUT[way]
     th.set_num_threads(1)
     done: set[tuple[str, str, float, float, int]] = set()
     if out.exists():
         done = {robustness.row_key(row) for row in suite.read_jsonl(out)[1]}
     else:
-        meta = dict(kind="meta", command=f"python -m benchmarks.observation_norm --robustness VARIANT {way}")
+        meta = dict(kind="meta", command=f"python -m benchmarks.observation_norm --robustness VARIANT --way {way}")
         suite.write_jsonl(out, [dict(meta, **suite.machine_info())])
-    for job in robustness.jobs("full"):
-        if job[0] != ROBUSTNESS_TASK or job[1] != variant or robustness.job_key(job) in done:
-            continue
-        for row in robustness.run_job(job, normalize_observations=way):
-            suite.write_jsonl(out, [dict(row, kind="run", finished_at=time.time())], mode="a")
-            print(json.dumps({key: row[key] for key in ("variant", "lr_factor", "ent_coef", "seed", "final_return")}))
+    grid = {job[:4] + job[5:] for job in robustness.jobs("full") if job[0] == task_id and job[1] == variant}
+    # Seed by seed: a run cut short leaves whole seeds of the grid
+    for seed in seeds if seeds is not None else robustness.SEEDS["full"]:
+        for cell in sorted(grid):
+            job = (*cell[:4], seed, cell[4])
+            if robustness.job_key(job) in done:
+                continue
+            for row in robustness.run_job(job, normalize_observations=None if way == "none" else way):
+                suite.write_jsonl(out, [dict(row, kind="run", finished_at=time.time())], mode="a")
+                print(json.dumps({key: row[key] for key in ("variant", "lr_factor", "ent_coef", "seed", "final_return")}))
 
 
-def robustness_summary() -> None:
-    """The recommended stack's targets on the map's slice: its own rows, then with the observations normalized."""
-    task = robustness.TASKS[ROBUSTNESS_TASK]
+def robustness_summary(task_id: str = "CartPole-v1") -> None:
+    """
+    The recommended stack's targets on the map's ``task_id`` slice: the map's own rows, then each way of normalizing
+    in place of the variant's rows. Where a way has seeds beyond the map's, ``none`` at the same seeds is the
+    baseline (the map's rows plus :data:`ROBUSTNESS_OUT`'s ``none``), printed as ``map+``.
+    """
+    task = robustness.TASKS[task_id]
     map_rows = [row for row in suite.read_jsonl(reports.RESULTS / "robustness.jsonl")[1] if row.get("task") == task.env_id]
-    ways = [("map", map_rows)] + [(way, suite.read_jsonl(out)[1]) for way, out in ROBUSTNESS_OUT.items() if out.exists()]
-    for label, normalized in ways:
-        replaced = {row["variant"] for row in normalized} if label != "map" else set()
-        rows = [row for row in map_rows if row["variant"] not in replaced] + (normalized if label != "map" else [])
-        result = robustness_scores.task_results(task, rows)
+    none = ROBUSTNESS_OUT["none"]
+    extra = [row for row in suite.read_jsonl(none)[1] if row.get("task") == task.env_id] if none.exists() else []
+    ways = [("map", map_rows, False)] + ([("map+", map_rows + extra, False)] if extra else [])
+    for way, out in ROBUSTNESS_OUT.items():
+        rows = [row for row in suite.read_jsonl(out)[1] if row.get("task") == task.env_id] if out.exists() else []
+        if rows and way != "none":
+            ways.append((way, rows, True))
+    for label, rows, replaces in ways:
+        replaced = {row["variant"] for row in rows} if replaces else set()
+        merged = [row for row in map_rows if row["variant"] not in replaced] + rows if replaces else rows
+        result = robustness_scores.task_results(task, merged)
         iqms = robustness_scores.iqm_intervals(result)
         for variant in task.recommended:
+            seeds = sorted({row["seed"] for row in merged if row["variant"] == variant})
             for target in robustness_scores.targets(result, variant, iqms):
-                print(f"{label:6s} {variant:32s} {target.name}: {target.text}")
+                print(f"{label:6s} {variant:32s} seeds {seeds} {target.name}: {target.text}")
+
+
+def main_cli(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.observation_norm")
+    parser.add_argument("way", nargs="?", default="env", choices=("env", "policy"))
+    parser.add_argument("--summary", action="store_true")
+    parser.add_argument("--robustness", metavar="VARIANT")
+    parser.add_argument("--robustness-summary", action="store_true")
+    parser.add_argument("--way", dest="robustness_way", default="env", choices=tuple(ROBUSTNESS_OUT))
+    parser.add_argument("--task", default="CartPole-v1", choices=ROBUSTNESS_TASKS)
+    parser.add_argument("--seeds", type=lambda text: tuple(int(seed) for seed in text.split(",")), default=None)
+    args = parser.parse_args(argv)
+    if args.summary:
+        summary()
+    elif args.robustness:
+        run_robustness(args.robustness, args.robustness_way, args.task, args.seeds)
+    elif args.robustness_summary:
+        robustness_summary(args.task)
+    else:
+        main(args.way)
 
 
 if __name__ == "__main__":
-    if sys.argv[1:] == ["--summary"]:
-        summary()
-    elif sys.argv[1:2] == ["--robustness"]:
-        run_robustness(sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else "env")
-    elif sys.argv[1:] == ["--robustness-summary"]:
-        robustness_summary()
-    else:
-        main(sys.argv[1] if len(sys.argv) > 1 else "env")
+    main_cli(sys.argv[1:])
