@@ -302,6 +302,21 @@ def probes() -> dict[str, tuple[list[Probe], tuple[int, ...]]]:
             ],
             tuple(range(40)),
         ),
+        "a2c_long_policy_observations": (
+            [
+                # The same 48,000 steps and seeds with the safe policy's own normalize_observations (not VecNormalize)
+                Probe(
+                    "stack, normalize_observations, 6x steps",
+                    cartpole,
+                    STACK["A2C"],
+                    normalize_value=True,
+                    broken=False,
+                    steps_factor=6,
+                    policy_normalizes_observations=True,
+                )
+            ],
+            tuple(range(40)),
+        ),
         "a2c_observations": (
             [
                 # The suite's budget with the observations normalized (VecNormalize(norm_reward=False)), which at
