@@ -18,6 +18,7 @@ Usage::
     python -m benchmarks.observation_norm --summary               # print the comparison
     python -m benchmarks.observation_norm --robustness VARIANT [--way env|policy|none] [--task ENV] [--seeds 3,4]
     python -m benchmarks.observation_norm --robustness-summary [--task ENV]  # its targets against the map's
+    python -m benchmarks.observation_norm --robustness-compare VARIANT [--task ENV]  # per cell, at the same seeds
 """
 
 import argparse
@@ -27,6 +28,7 @@ import sys
 import time
 from typing import Any
 
+import numpy as np
 import torch as th
 
 from benchmarks import configs, learning, reports, robustness, robustness_scores, suite, training, variants
@@ -198,12 +200,50 @@ def robustness_summary(task_id: str = "CartPole-v1") -> None:
                 print(f"{label:6s} {variant:32s} seeds {seeds} {target.name}: {target.text}")
 
 
+def robustness_compare(variant: str, task_id: str = "CartPole-v1") -> None:
+    """
+    ``variant`` on the map's ``task_id`` slice as the map trains it (its rows and ``none``'s) and with the safe
+    policy's ``normalize_observations`` (``policy``'s), at the seeds both have: per learning-rate factor and ent_coef,
+    the mean final return, the runs at the task's maximum (CartPole-v1: 500) and the worst run.
+    """
+    task = robustness.TASKS[task_id]
+    read = {way: suite.read_jsonl(out)[1] if out.exists() else [] for way, out in ROBUSTNESS_OUT.items()}
+    map_rows = suite.read_jsonl(reports.RESULTS / "robustness.jsonl")[1]
+
+    def of_variant(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [row for row in rows if row.get("task") == task.env_id and row["variant"] == variant]
+
+    ways = {"as the map": of_variant(map_rows + read["none"]), "normalize_observations": of_variant(read["policy"])}
+    seeds = set.intersection(*({row["seed"] for row in rows} for rows in ways.values()))
+    best = max(row["final_return"] for rows in ways.values() for row in rows if row["final_return"] is not None)
+    print(f"{task_id} {variant}, seeds {sorted(seeds)}; 'at max': final return >= {best}")
+    cells = sorted({(row["lr_factor"], row["ent_coef"]) for rows in ways.values() for row in rows})
+    totals: dict[str, list[float]] = {way: [] for way in ways}
+    for cell in cells:
+        line = [f"x{cell[0]:<6g} ent {cell[1]:<4g}"]
+        for way, rows in ways.items():
+            runs = [row for row in rows if (row["lr_factor"], row["ent_coef"]) == cell and row["seed"] in seeds]
+            # A failed run (no return) ranks below any: -inf
+            returns = [float("-inf") if row["final_return"] is None else float(row["final_return"]) for row in runs]
+            totals[way] += returns
+            line.append(
+                f"{way}: mean {np.mean(returns):7.1f} at max {sum(value >= best for value in returns)}/{len(returns)}"
+                f" worst {min(returns):7.1f}"
+            )
+        print(" | ".join(line))
+    for way, returns in totals.items():
+        print(
+            f"all cells, {way}: mean {np.mean(returns):.1f}, at max {sum(value >= best for value in returns)}/{len(returns)}"
+        )
+
+
 def main_cli(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.observation_norm")
     parser.add_argument("way", nargs="?", default="env", choices=("env", "policy"))
     parser.add_argument("--summary", action="store_true")
     parser.add_argument("--robustness", metavar="VARIANT")
     parser.add_argument("--robustness-summary", action="store_true")
+    parser.add_argument("--robustness-compare", metavar="VARIANT")
     parser.add_argument("--way", dest="robustness_way", default="env", choices=tuple(ROBUSTNESS_OUT))
     parser.add_argument("--task", default="CartPole-v1", choices=ROBUSTNESS_TASKS)
     parser.add_argument("--seeds", type=lambda text: tuple(int(seed) for seed in text.split(",")), default=None)
@@ -214,6 +254,8 @@ def main_cli(argv: list[str]) -> None:
         run_robustness(args.robustness, args.robustness_way, args.task, args.seeds)
     elif args.robustness_summary:
         robustness_summary(args.task)
+    elif args.robustness_compare:
+        robustness_compare(args.robustness_compare, args.task)
     else:
         main(args.way)
 

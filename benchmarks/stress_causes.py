@@ -171,6 +171,13 @@ def _head_gain(gain: float) -> Callable[[Any], None]:
     return prepare
 
 
+def _advantages_unscaled(model: Any) -> None:
+    """A2C's advantages in reward units, as SB3's, beside the normalized critic (not divided by the returns' std)."""
+    head = value_norm.value_head(model.policy)
+    assert head is not None, "advantages_unscaled needs normalize_value on"
+    head.scale_advantages = lambda advantages: advantages  # type: ignore[method-assign]
+
+
 def _clipped(env: Any, inner: Callable[[Any], Any] | None, bound: float) -> Any:
     """``env`` wrapped by ``inner`` (if any), its rewards then clipped to ``[-bound, bound]``."""
     return gym.wrappers.ClipReward(inner(env) if inner is not None else env, -bound, bound)
@@ -235,6 +242,30 @@ def probes() -> dict[str, tuple[list[Probe], tuple[int, ...]]]:
                 ),
             ],
             tuple(range(8)),
+        ),
+        # critic_speed's ways again at 16 more seeds; then the advantages left in reward units: is their division by
+        # the returns' std (A2C's policy gradient made scale-free) what slows the normalized stack?
+        "critic_speed_more_seeds": (
+            [
+                Probe("A2C", cartpole, "A2C", broken=False),
+                Probe("stack, normalize_value off", cartpole, STACK["A2C"], normalize_value=False, broken=False),
+                Probe("stack, normalize_value on", cartpole, STACK["A2C"], normalize_value=True, broken=False),
+                Probe("SafeA2C + guard, normalize_value on", cartpole, SAFE_A2C_GUARD, normalize_value=True, broken=False),
+            ],
+            tuple(range(8, 24)),
+        ),
+        "advantages_unscaled": (
+            [
+                Probe(
+                    "stack, normalize_value on, advantages in reward units",
+                    cartpole,
+                    STACK["A2C"],
+                    normalize_value=True,
+                    broken=False,
+                    prepare=_advantages_unscaled,
+                )
+            ],
+            tuple(range(24)),
         ),
         "head_gain": (
             [
