@@ -19,6 +19,7 @@ Usage::
     python -m benchmarks.observation_norm --robustness VARIANT [--way env|policy|none] [--task ENV] [--seeds 3,4]
     python -m benchmarks.observation_norm --robustness-summary [--task ENV]  # its targets against the map's
     python -m benchmarks.observation_norm --robustness-compare VARIANT [--task ENV]  # per cell, at the same seeds
+    python -m benchmarks.observation_norm --cost                  # the CPU time it costs a safe algorithm
 """
 
 import argparse
@@ -237,6 +238,40 @@ def robustness_compare(variant: str, task_id: str = "CartPole-v1") -> None:
         )
 
 
+#: The cost measurement's tasks: (the stack's variant, env, rl-zoo family, timesteps per timed run)
+COST_TASKS = (
+    ("SafeA2C+guard+KL-lr", "CartPole-v1", "A2C", 8_000),
+    ("KLAdaptivePPO+guard+KL-lr", "Pendulum-v1", "PPO", 4_096),
+)
+COST_OUT = reports.RESULTS / "observation_norm_cost.jsonl"
+
+
+def cost(rounds: int = 5) -> None:
+    """
+    What ``normalize_observations=True`` costs the recommended stack's training, in the process's CPU time of
+    ``learn()``: per task of :data:`COST_TASKS` and round, a run without and a run with it (rl-zoo's settings, one
+    torch thread, the order alternating from round to round), and their ratio; the median ratio is printed, every
+    run written to :data:`COST_OUT` (replaced).
+    """
+    th.set_num_threads(1)
+    meta = dict(kind="meta", command="python -m benchmarks.observation_norm --cost", rounds=rounds)
+    suite.write_jsonl(COST_OUT, [dict(meta, **suite.machine_info())])
+    for name, env_id, family, steps in COST_TASKS:
+        config = configs.family_config(family, env_id)
+        ratios = []
+        for round_index in range(rounds):
+            cpu: dict[bool, float] = {}
+            for normalized in (False, True) if round_index % 2 == 0 else (True, False):
+                variant = dataclasses.replace(variants.VARIANTS[name], normalize_observations=normalized)
+                row = training.train(variant, env_id, config, steps, round_index, eval_episodes=0)
+                cpu[normalized] = row["cpu_s"]
+                suite.write_jsonl(
+                    COST_OUT, [dict(row, kind="run", round=round_index, observations_normalized=normalized)], mode="a"
+                )
+            ratios.append(cpu[True] / cpu[False])
+        print(f"{name} {env_id}, {steps} steps: CPU time with / without, median of {rounds} rounds {np.median(ratios):.3f}")
+
+
 def main_cli(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.observation_norm")
     parser.add_argument("way", nargs="?", default="env", choices=("env", "policy"))
@@ -244,6 +279,7 @@ def main_cli(argv: list[str]) -> None:
     parser.add_argument("--robustness", metavar="VARIANT")
     parser.add_argument("--robustness-summary", action="store_true")
     parser.add_argument("--robustness-compare", metavar="VARIANT")
+    parser.add_argument("--cost", action="store_true")
     parser.add_argument("--way", dest="robustness_way", default="env", choices=tuple(ROBUSTNESS_OUT))
     parser.add_argument("--task", default="CartPole-v1", choices=ROBUSTNESS_TASKS)
     parser.add_argument("--seeds", type=lambda text: tuple(int(seed) for seed in text.split(",")), default=None)
@@ -254,6 +290,8 @@ def main_cli(argv: list[str]) -> None:
         run_robustness(args.robustness, args.robustness_way, args.task, args.seeds)
     elif args.robustness_summary:
         robustness_summary(args.task)
+    elif args.cost:
+        cost()
     elif args.robustness_compare:
         robustness_compare(args.robustness_compare, args.task)
     else:
