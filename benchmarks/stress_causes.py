@@ -48,6 +48,7 @@ import collections
 import dataclasses
 import functools
 import json
+import math
 import sys
 import time
 from collections.abc import Callable
@@ -178,6 +179,28 @@ def _advantages_unscaled(model: Any) -> None:
     head.scale_advantages = lambda advantages: advantages  # type: ignore[method-assign]
 
 
+def _clip_per_part(model: Any) -> None:
+    """
+    Clip the actor's and the critic's gradients each to the model's ``max_grad_norm`` (SB3 clips their joint norm:
+    a critic's large gradient then shrinks the actor's step); the joint clip is turned off.
+    """
+    policy, bound = model.policy, model.max_grad_norm
+    critic_ids = {
+        id(parameter) for parameter in (*policy.mlp_extractor.value_net.parameters(), *policy.value_net.parameters())
+    }
+    parts = [
+        [parameter for parameter in policy.parameters() if (id(parameter) in critic_ids) == is_critic]
+        for is_critic in (False, True)
+    ]
+
+    def clip(*_: Any) -> None:
+        for part in parts:
+            th.nn.utils.clip_grad_norm_(part, bound)
+
+    policy.optimizer.register_step_pre_hook(clip)
+    model.max_grad_norm = math.inf
+
+
 def _clipped(env: Any, inner: Callable[[Any], Any] | None, bound: float) -> Any:
     """``env`` wrapped by ``inner`` (if any), its rewards then clipped to ``[-bound, bound]``."""
     return gym.wrappers.ClipReward(inner(env) if inner is not None else env, -bound, bound)
@@ -264,6 +287,21 @@ def probes() -> dict[str, tuple[list[Probe], tuple[int, ...]]]:
                     broken=False,
                     prepare=_advantages_unscaled,
                 )
+            ],
+            tuple(range(24)),
+        ),
+        # The issue's suspected cause: one clipped norm for the actor's and the critic's gradients together
+        "clip_per_part": (
+            [
+                Probe(
+                    f"stack, normalize_value {'on' if on else 'off'}, actor and critic clipped apart",
+                    cartpole,
+                    STACK["A2C"],
+                    normalize_value=on,
+                    broken=False,
+                    prepare=_clip_per_part,
+                )
+                for on in (True, False)
             ],
             tuple(range(24)),
         ),
