@@ -22,7 +22,7 @@ from stable_baselines3.common.callbacks import BaseCallback
 
 from sb3_safe import KLAdaptivePPO, NonFiniteGuardCallback, SafeA2C, SafeMlpPolicy
 from sb3_safe.common.maskable import SafeMaskableMlpPolicy
-from sb3_safe.common.observation_norm import CLIP, ObservationNormalizer
+from sb3_safe.common.observation_norm import CLIP, FOLD_EVERY, ObservationNormalizer
 from sb3_safe.common.recurrent import SafeMlpLstmPolicy
 from sb3_safe.doctor import diagnose
 
@@ -113,10 +113,30 @@ def test_before_any_statistics_observations_pass_clipped() -> None:
 def test_a_batch_without_a_finite_row_changes_nothing() -> None:
     normalizer = ObservationNormalizer((3,))
     normalizer.observe(th.tensor([[math.nan, 0.0, 0.0], [0.0, math.inf, 0.0]]))
+    normalizer.fold()
     assert normalizer.pending_count.item() == 0 and th.isfinite(normalizer.pending_mean).all()
     normalizer.observe(th.tensor([[1.0, 2.0, 3.0]]))
     normalizer.commit()
     assert normalizer.obs_mean.tolist() == [1.0, 2.0, 3.0] and normalizer.obs_count.item() == 1
+
+
+def test_observations_are_kept_until_folded_in_one_update() -> None:
+    """A step keeps a copy of its observations (the caller may reuse its array); a fold adds every kept one to the
+    pending statistics; what is saved includes them; after FOLD_EVERY batches they are folded without being asked."""
+    normalizer = ObservationNormalizer((2,))
+    reused = th.tensor([[1.0, 2.0]])
+    normalizer.observe(reused)
+    reused.fill_(100.0)
+    normalizer.observe(th.tensor([[3.0, 4.0], [5.0, 6.0]]))
+    assert normalizer.pending_count.item() == 0
+    saved = normalizer.state_dict()
+    assert saved["pending_count"].item() == 3 and saved["pending_mean"].tolist() == [3.0, 4.0]
+    assert normalizer.unfolded == []
+    for _ in range(FOLD_EVERY - 1):
+        normalizer.observe(th.zeros(1, 2))
+    assert len(normalizer.unfolded) == FOLD_EVERY - 1 and normalizer.pending_count.item() == 3
+    normalizer.observe(th.zeros(1, 2))
+    assert normalizer.unfolded == [] and normalizer.pending_count.item() == 3 + FOLD_EVERY
 
 
 def test_small_and_constant_observations() -> None:

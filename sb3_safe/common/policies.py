@@ -179,6 +179,13 @@ class SafeDistributionMixin(BasePolicy):
             self.observation_normalizer.observe(obs)
         return super().forward(obs, *args, **kwargs)
 
+    def predict_values(self, *args: Any, **kwargs: Any) -> th.Tensor:
+        # A rollout ends with the values of its last observations (and bootstraps truncated episodes with them): its
+        # observations join the pending statistics before anything reads them (a callback's snapshot at its end)
+        if self.normalize_observations:
+            self.observation_normalizer.fold()
+        return super().predict_values(*args, **kwargs)  # type: ignore[misc]  # the SB3 policy next in the MRO has it
+
     @property
     def optimizer(self) -> th.optim.Optimizer:
         """
