@@ -240,8 +240,8 @@ def robustness_compare(variant: str, task_id: str = "CartPole-v1") -> None:
 
 #: The cost measurement's tasks: (the stack's variant, env, rl-zoo family, timesteps per timed run)
 COST_TASKS = (
-    ("SafeA2C+guard+KL-lr", "CartPole-v1", "A2C", 8_000),
-    ("KLAdaptivePPO+guard+KL-lr", "Pendulum-v1", "PPO", 4_096),
+    ("SafeA2C+guard+KL-lr", "CartPole-v1", "A2C", 24_000),
+    ("KLAdaptivePPO+guard+KL-lr", "Pendulum-v1", "PPO", 12_288),
 )
 COST_OUT = reports.RESULTS / "observation_norm_cost.jsonl"
 
