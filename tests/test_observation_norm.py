@@ -124,7 +124,7 @@ def test_observations_are_kept_until_folded_in_one_update() -> None:
     """A step keeps a copy of its observations (the caller may reuse its array); a fold adds every kept one to the
     pending statistics; what is saved includes them; after FOLD_EVERY batches they are folded without being asked."""
     normalizer = ObservationNormalizer((2,))
-    reused = th.tensor([[1.0, 2.0]])
+    reused = th.tensor([[1.0, 2.0]], dtype=th.float64)  # the statistics' own dtype: only a copy keeps it apart
     normalizer.observe(reused)
     reused.fill_(100.0)
     normalizer.observe(th.tensor([[3.0, 4.0], [5.0, 6.0]]))

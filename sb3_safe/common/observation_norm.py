@@ -93,10 +93,10 @@ class ObservationNormalizer(nn.Module):
         """
         return (self(args[0]), *args[1:])
 
-    @th.no_grad()
     def observe(self, obs: th.Tensor) -> None:
         """
-        Keep a batch of observations for the pending statistics (a copy: the caller may reuse its array).
+        Keep a batch of observations for the pending statistics (a copy, detached: the caller may reuse its array, and
+        no gradient reaches the statistics).
 
         :param obs: observations, batch first
         """
@@ -104,12 +104,11 @@ class ObservationNormalizer(nn.Module):
         if len(self.unfolded) >= FOLD_EVERY:
             self.fold()
 
-    @th.no_grad()
     def fold(self) -> None:
         """Add the observations kept by :meth:`observe` to the pending statistics, in one update."""
         if not self.unfolded:
             return
-        batch = th.cat(self.unfolded) if len(self.unfolded) > 1 else self.unfolded[0]
+        batch = th.cat(self.unfolded)
         self.unfolded.clear()
         if not bool(th.isfinite(batch).all()):
             batch = batch[th.isfinite(batch).flatten(1).all(dim=1)]
@@ -121,7 +120,6 @@ class ObservationNormalizer(nn.Module):
             # In place: the guard's snapshots copy the buffers the policy holds
             buffer.copy_(value)
 
-    @th.no_grad()
     def commit(self) -> None:
         """Fold the pending statistics (and what :meth:`observe` kept) into those :meth:`forward` uses, and start new
         pending ones."""
