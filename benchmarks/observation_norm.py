@@ -246,7 +246,7 @@ COST_TASKS = (
 COST_OUT = reports.RESULTS / "observation_norm_cost.jsonl"
 
 
-def cost(rounds: int = 5) -> None:
+def cost(rounds: int = 9) -> None:
     """
     What ``normalize_observations=True`` costs the recommended stack's training, in the process's CPU time of
     ``learn()``: per task of :data:`COST_TASKS` and round, a run without and a run with it (rl-zoo's settings, one
