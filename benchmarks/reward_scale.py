@@ -10,6 +10,7 @@ Budgets: the learning suite's (``benchmarks/learning.py``) at full size; quick: 
 updates (a smoke check of the harness and of the extremes, not a measurement of learning).
 """
 
+import dataclasses
 import functools
 from pathlib import Path
 from typing import Any
@@ -39,8 +40,9 @@ OVERRIDES: dict[str, dict[str, dict[str, Any]]] = {
     "quick": {"PPO": dict(n_steps=256)},
     "full": {},
 }
-#: The ways to train, per family: (label, variant of benchmarks.variants, VecNormalize: "" none, "all" observations and
-#: rewards (rl-zoo's ``normalize: true``), "observations" observations only; normalize_value)
+#: The ways to train, per family: (label, variant of benchmarks.variants, observation and reward normalization: "" none,
+#: "all" VecNormalize of observations and rewards (rl-zoo's ``normalize: true``), "observations" VecNormalize of the
+#: observations only, "policy" the safe policy's ``normalize_observations``; normalize_value)
 SETTINGS: dict[str, tuple[tuple[str, str, str, bool], ...]] = {
     "A2C": (
         ("A2C", "A2C", "", False),
@@ -49,6 +51,7 @@ SETTINGS: dict[str, tuple[tuple[str, str, str, bool], ...]] = {
         ("SafeA2C+guard+KL-lr + normalize_value", "SafeA2C+guard+KL-lr", "", True),
         # The peer's observation normalization, rewards left to normalize_value
         ("SafeA2C+guard+KL-lr + normalize_value + VecNormalize(obs)", "SafeA2C+guard+KL-lr", "observations", True),
+        ("SafeA2C+guard+KL-lr + normalize_value + normalize_observations", "SafeA2C+guard+KL-lr", "policy", True),
     ),
     "PPO": (
         ("PPO", "PPO", "", False),
@@ -56,6 +59,12 @@ SETTINGS: dict[str, tuple[tuple[str, str, str, bool], ...]] = {
         ("KLAdaptivePPO+guard+KL-lr", "KLAdaptivePPO+guard+KL-lr", "", False),
         ("KLAdaptivePPO+guard+KL-lr + normalize_value", "KLAdaptivePPO+guard+KL-lr", "", True),
         ("KLAdaptivePPO+guard+KL-lr + normalize_value + VecNormalize(obs)", "KLAdaptivePPO+guard+KL-lr", "observations", True),
+        (
+            "KLAdaptivePPO+guard+KL-lr + normalize_value + normalize_observations",
+            "KLAdaptivePPO+guard+KL-lr",
+            "policy",
+            True,
+        ),
     ),
 }
 #: The tuned reference of a task: stock SB3 at scale 1 (same budget and seeds)
@@ -102,15 +111,18 @@ def budget(size: str) -> dict[str, Any]:
 def run_job(job: Job) -> list[dict[str, Any]]:
     """Train one (task, setting, scale, seed) on the scaled rewards, evaluate on the unscaled task; crashes are results."""
     family, env_id, label, scale, seed, timesteps, episodes, size = job
-    _, variant, vec_normalize, normalize_value = next(setting for setting in SETTINGS[family] if setting[0] == label)
+    _, name, normalization, normalize_value = next(setting for setting in SETTINGS[family] if setting[0] == label)
+    variant = VARIANTS[name]
+    if normalization == "policy":
+        variant = dataclasses.replace(variant, normalize_observations=True)
     overrides = dict(OVERRIDES[size].get(family, {}))
-    if VARIANTS[variant].algo in SAFE_ALGORITHM_CLASSES:  # explicit: the map's rows do not rest on a default
+    if variant.algo in SAFE_ALGORITHM_CLASSES:  # explicit: the map's rows do not rest on a default
         overrides["normalize_value"] = normalize_value
     config = configs.family_config(family, env_id, **overrides)
-    if vec_normalize:
-        config.normalize, config.normalize_reward = True, vec_normalize == "all"
+    if normalization in ("all", "observations"):
+        config.normalize, config.normalize_reward = True, normalization == "all"
     wrapper = functools.partial(ScaleReward, scale=scale)
-    row = training.train(VARIANTS[variant], env_id, config, timesteps, seed, episodes, wrapper=wrapper)
+    row = training.train(variant, env_id, config, timesteps, seed, episodes, wrapper=wrapper)
     # The row's variant is the setting's label (the stack it trains with, in ``stack``)
     return [dict(row, family=family, variant=label, stack=row["variant"], scale=scale)]
 
