@@ -172,33 +172,27 @@ HAND_TESTS = ["tests/test_promises.py"]
 #: Survivors that change no behaviour, by row key (``module:operator:occurrence@source``: a changed source is triaged
 #: again), with why
 EQUIVALENT: dict[str, str] = {
-    "sb3_safe/common/observation_norm.py:core/NumberReplacer:4@ba64337de57e": (
+    "sb3_safe/common/observation_norm.py:core/NumberReplacer:4@cc9145113add": (
         "FOLD_EVERY bounds the memory of observations kept: the statistics are the same at any bound (a fold adds every "
         "kept batch), and the tests read the constant."
     ),
-    "sb3_safe/common/observation_norm.py:core/NumberReplacer:5@ba64337de57e": (
+    "sb3_safe/common/observation_norm.py:core/NumberReplacer:5@cc9145113add": (
         "FOLD_EVERY bounds the memory of observations kept: the statistics are the same at any bound (a fold adds every "
         "kept batch), and the tests read the constant."
     ),
-    "sb3_safe/common/observation_norm.py:core/NumberReplacer:7@ba64337de57e": (
+    "sb3_safe/common/observation_norm.py:core/NumberReplacer:7@cc9145113add": (
         "SB3's features extractors are called with the observations alone: args holds one tensor, args[-1] is args[0]."
     ),
-    "sb3_safe/common/observation_norm.py:core/NumberReplacer:8@ba64337de57e": (
+    "sb3_safe/common/observation_norm.py:core/NumberReplacer:8@cc9145113add": (
         "SB3's features extractors are called with the observations alone: args[1:] and args[2:] are both empty."
     ),
-    "sb3_safe/common/observation_norm.py:core/NumberReplacer:24@ba64337de57e": (
+    "sb3_safe/common/observation_norm.py:core/NumberReplacer:24@cc9145113add": (
         "The pending variance is reset with a count of 0, which weights it by 0 in the next merge: any finite reset "
         "value gives the same statistics."
     ),
-    "sb3_safe/common/observation_norm.py:core/NumberReplacer:25@ba64337de57e": (
+    "sb3_safe/common/observation_norm.py:core/NumberReplacer:25@cc9145113add": (
         "The pending variance is reset with a count of 0, which weights it by 0 in the next merge: any finite reset "
         "value gives the same statistics."
-    ),
-    "sb3_safe/common/observation_norm.py:core/ReplaceTrueWithFalse:1@ba64337de57e": (
-        "Both sides of the zip are three tensors (the buffers and merge_moments' three results): strict changes nothing."
-    ),
-    "sb3_safe/common/observation_norm.py:core/ReplaceTrueWithFalse:2@ba64337de57e": (
-        "Both sides of the zip are three tensors (the buffers and merge_moments' three results): strict changes nothing."
     ),
     "sb3_safe/common/kl.py:core/ReplaceComparisonOperator_Gt_GtE:0@134ad189f87a": (
         "mass = Phi(-lower) - Phi(-upper) or Phi(upper) - Phi(lower) are the same quantity; `>=` only changes the choice "

@@ -116,13 +116,23 @@ def _scale_critic(factor: float) -> Callable[[Any], None]:
     return prepare
 
 
+def _critic(policy: Any) -> list[th.nn.Parameter]:
+    """The parameters of an actor-critic policy's critic (its own layers and its last layer)."""
+    return [*policy.mlp_extractor.value_net.parameters(), *policy.value_net.parameters()]
+
+
+def _others(policy: Any, second: list[th.nn.Parameter]) -> list[th.nn.Parameter]:
+    """The parameters of ``policy`` that are not in ``second``, in their order."""
+    second_ids = {id(parameter) for parameter in second}
+    return [parameter for parameter in policy.parameters() if id(parameter) not in second_ids]
+
+
 def _split_optimizer(policy: Any, second: list[th.nn.Parameter]) -> th.optim.Optimizer:
     """
     Give ``policy`` an optimizer of its kind and settings with two parameter groups: the others first (the adaptive lr
     reads and sets group 0's rate), then ``second``.
     """
-    second_ids = {id(parameter) for parameter in second}
-    first = [parameter for parameter in policy.parameters() if id(parameter) not in second_ids]
+    first = _others(policy, second)
     policy.optimizer = type(policy.optimizer)([{"params": first}, {"params": second}], **policy.optimizer.defaults)
     return policy.optimizer
 
@@ -135,7 +145,7 @@ def _hold_rate(held: str) -> Callable[[Any], None]:
 
     def prepare(model: Any) -> None:
         policy = model.policy
-        critic = [*policy.mlp_extractor.value_net.parameters(), *policy.value_net.parameters()]
+        critic = _critic(policy)
         configured = policy.optimizer.defaults["lr"]
         optimizer = _split_optimizer(policy, critic)
         held_group = optimizer.param_groups[1 if held == "critic" else 0]
@@ -185,13 +195,8 @@ def _clip_per_part(model: Any) -> None:
     a critic's large gradient then shrinks the actor's step); the joint clip is turned off.
     """
     policy, bound = model.policy, model.max_grad_norm
-    critic_ids = {
-        id(parameter) for parameter in (*policy.mlp_extractor.value_net.parameters(), *policy.value_net.parameters())
-    }
-    parts = [
-        [parameter for parameter in policy.parameters() if (id(parameter) in critic_ids) == is_critic]
-        for is_critic in (False, True)
-    ]
+    critic = _critic(policy)
+    parts = [_others(policy, critic), critic]
 
     def clip(*_: Any) -> None:
         for part in parts:

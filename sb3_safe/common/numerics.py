@@ -53,6 +53,24 @@ def merge_moments(
     return merged_mean, merged_var, total
 
 
+def merge_moments_into(
+    moments: tuple[th.Tensor, th.Tensor, th.Tensor],
+    other_mean: th.Tensor,
+    other_var: th.Tensor,
+    other_count: th.Tensor | float,
+) -> None:
+    """
+    :func:`merge_moments` written into ``moments`` in place (the guard's snapshots copy and restore those very tensors).
+
+    :param moments: the buffers of the first set's mean, population variance and size
+    :param other_mean: the second set's mean
+    :param other_var: its population variance
+    :param other_count: its size
+    """
+    for buffer, value in zip(moments, merge_moments(*moments, other_mean, other_var, other_count), strict=True):
+        buffer.copy_(value)
+
+
 def count_nonfinite(tensor: th.Tensor) -> tuple[int, int, int]:
     """
     Count the bad elements of a tensor.

@@ -15,12 +15,15 @@ few numbers is a dozen small tensor operations, which at every step cost a small
 its time.
 """
 
+from typing import Any
+
+import numpy as np
 import torch as th
 from gymnasium import spaces
 from stable_baselines3.common.preprocessing import is_image_space
 from torch import nn
 
-from sb3_safe.common.numerics import merge_moments
+from sb3_safe.common.numerics import merge_moments_into
 
 #: The least variance the observations are scaled by: a constant observation maps to zero, not to inf
 MIN_VARIANCE = 1e-8
@@ -33,17 +36,23 @@ STATISTICS = ("obs_mean", "obs_var", "obs_count", "pending_mean", "pending_var",
 FOLD_EVERY = 1024
 
 
-def validate_observation_space(observation_space: spaces.Space | None) -> None:
+def validate_normalize_observations(normalize_observations: Any, observation_space: spaces.Space | None) -> bool:
     """
+    :param normalize_observations: a safe policy's ``normalize_observations`` argument
     :param observation_space: the policy's observation space
-    :raises ValueError: naming ``normalize_observations``, for a space it cannot normalize (not a Box, or images)
+    :return: ``normalize_observations``, checked
+    :raises ValueError: naming ``normalize_observations``, for a value other than True or False, or True with a space
+        it cannot normalize (not a Box, or images)
     """
-    if not isinstance(observation_space, spaces.Box) or is_image_space(observation_space):
+    if not isinstance(normalize_observations, bool | np.bool_):
+        raise ValueError(f"normalize_observations must be True or False, got {normalize_observations!r}")
+    if normalize_observations and (not isinstance(observation_space, spaces.Box) or is_image_space(observation_space)):
         raise ValueError(
             "normalize_observations=True needs a Box observation space that is not an image, got "
             f"{observation_space}: for Dict observations or images use VecNormalize(norm_obs=True, norm_obs_keys=...) "
             "or normalize_observations=False"
         )
+    return bool(normalize_observations)
 
 
 class ObservationNormalizer(nn.Module):
@@ -115,10 +124,7 @@ class ObservationNormalizer(nn.Module):
             if len(batch) == 0:
                 return
         var, mean = th.var_mean(batch, dim=0, correction=0)
-        merged = merge_moments(self.pending_mean, self.pending_var, self.pending_count, mean, var, float(len(batch)))
-        for buffer, value in zip((self.pending_mean, self.pending_var, self.pending_count), merged, strict=True):
-            # In place: the guard's snapshots copy the buffers the policy holds
-            buffer.copy_(value)
+        merge_moments_into((self.pending_mean, self.pending_var, self.pending_count), mean, var, float(len(batch)))
 
     def commit(self) -> None:
         """Fold the pending statistics (and what :meth:`observe` kept) into those :meth:`forward` uses, and start new
@@ -126,11 +132,8 @@ class ObservationNormalizer(nn.Module):
         self.fold()
         if self.pending_count.item() == 0:
             return
-        merged = merge_moments(
-            self.obs_mean, self.obs_var, self.obs_count, self.pending_mean, self.pending_var, self.pending_count
-        )
-        for buffer, value in zip((self.obs_mean, self.obs_var, self.obs_count), merged, strict=True):
-            buffer.copy_(value)
+        pending = (self.pending_mean, self.pending_var, self.pending_count)
+        merge_moments_into((self.obs_mean, self.obs_var, self.obs_count), *pending)
         self.pending_mean.zero_()
         self.pending_var.fill_(1.0)
         self.pending_count.zero_()

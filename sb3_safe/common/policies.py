@@ -24,7 +24,7 @@ from sb3_safe.common.distributions import (
     validate_log_std_range,
     validate_logit_bound,
 )
-from sb3_safe.common.observation_norm import ObservationNormalizer, validate_observation_space
+from sb3_safe.common.observation_norm import ObservationNormalizer, validate_normalize_observations
 from sb3_safe.common.value_norm import install_saved_value_normalization
 
 #: What the algorithms of other policy families read from their policy right after building it (in
@@ -135,11 +135,7 @@ class SafeDistributionMixin(BasePolicy):
         self.logit_bound = validate_logit_bound(logit_bound)
         warn_about_arguments_without_effect(action_space, self.log_std_range, self.logit_bound)
         self._tanh_squash = squash_output and not use_sde
-        if not isinstance(normalize_observations, bool | np.bool_):
-            raise ValueError(f"normalize_observations must be True or False, got {normalize_observations!r}")
-        if normalize_observations:
-            validate_observation_space(observation_space)
-        self.normalize_observations = bool(normalize_observations)
+        self.normalize_observations = validate_normalize_observations(normalize_observations, observation_space)
         self._observations_due = False
         return squash_output and use_sde
 

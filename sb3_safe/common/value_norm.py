@@ -34,7 +34,7 @@ from stable_baselines3.common.vec_env import VecEnv, unwrap_vec_normalize
 from torch import nn
 from torch.nn import functional as F
 
-from sb3_safe.common.numerics import merge_moments
+from sb3_safe.common.numerics import merge_moments_into
 
 #: The least standard deviation the returns are scaled by: returns that are all equal scale to zero, not to inf
 MIN_STD = 1e-8
@@ -130,9 +130,7 @@ class PopArtValueHead(nn.Module):
         had_returns = bool(self.return_count > 0)
         old_mean, old_std = self.return_mean.clone(), self.return_std
         var, mean = th.var_mean(batch, dim=0, correction=0)
-        merged = merge_moments(self.return_mean, self.return_var, self.return_count, mean, var, float(batch.shape[0]))
-        for buffer, value in zip((self.return_mean, self.return_var, self.return_count), merged, strict=True):
-            buffer.copy_(value)
+        merge_moments_into((self.return_mean, self.return_var, self.return_count), mean, var, float(batch.shape[0]))
         if had_returns:
             new_std = self.return_std
             # sigma' (W' h + b') + mu' = sigma (W h + b) + mu
