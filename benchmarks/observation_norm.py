@@ -170,7 +170,7 @@ def run_robustness(variant: str, way: str, task_id: str = "CartPole-v1", seeds: 
             job = (*cell[:4], seed, cell[4])
             if robustness.job_key(job) in done:
                 continue
-            for row in robustness.run_job(job, normalize_observations=None if way == "none" else way):
+            for row in robustness.run_job(job, normalize_observations=way):
                 suite.write_jsonl(out, [dict(row, kind="run", finished_at=time.time())], mode="a")
                 print(json.dumps({key: row[key] for key in ("variant", "lr_factor", "ent_coef", "seed", "final_return")}))
 

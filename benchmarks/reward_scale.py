@@ -113,11 +113,10 @@ def run_job(job: Job) -> list[dict[str, Any]]:
     family, env_id, label, scale, seed, timesteps, episodes, size = job
     _, name, normalization, normalize_value = next(setting for setting in SETTINGS[family] if setting[0] == label)
     variant = VARIANTS[name]
-    if normalization == "policy":
-        variant = dataclasses.replace(variant, normalize_observations=True)
     overrides = dict(OVERRIDES[size].get(family, {}))
     if variant.algo in SAFE_ALGORITHM_CLASSES:  # explicit: the map's rows do not rest on a default
         overrides["normalize_value"] = normalize_value
+        variant = dataclasses.replace(variant, normalize_observations=normalization == "policy")
     config = configs.family_config(family, env_id, **overrides)
     if normalization in ("all", "observations"):
         config.normalize, config.normalize_reward = True, normalization == "all"

@@ -482,8 +482,9 @@ def run(probe: Probe, seed: int) -> dict[str, Any]:
         variant = dataclasses.replace(variant, normalize_value=probe.normalize_value)
     if probe.lr_capped_at_configured:
         variant = dataclasses.replace(variant, lr_capped_at_configured=True)
-    if probe.policy_normalizes_observations:
-        variant = dataclasses.replace(variant, normalize_observations=True)
+    if variant.safe_policy or variant.algo in variants.SAFE_ALGORITHM_CLASSES:
+        # Explicit: the probes were measured before the safe policies normalized observations by default
+        variant = dataclasses.replace(variant, normalize_observations=probe.policy_normalizes_observations)
     steps = config.timesteps["full"] * probe.steps_factor
     trace = TraceUpdates()
     prepares = [step for step in (config.prepare if probe.broken else None, probe.prepare) if step is not None]

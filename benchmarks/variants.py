@@ -31,7 +31,8 @@ class Variant:
         lower it, never raise it ("+KL-lr(<=tuned)" in a name)
     :param normalize_value: the safe algorithm's ``normalize_value`` ("(normalize_value)" in a name: True); None: its
         default
-    :param normalize_observations: the safe policy's ``normalize_observations`` (sb3-safe's policies only)
+    :param normalize_observations: the safe policy's ``normalize_observations`` (sb3-safe's policies only); None: its
+        default (``"auto"``)
     """
 
     name: str
@@ -45,7 +46,7 @@ class Variant:
     sbx_lr: bool = False
     lr_capped_at_configured: bool = False
     normalize_value: bool | None = None
-    normalize_observations: bool = False
+    normalize_observations: bool | None = None
 
 
 #: sb3-safe's algorithm classes (the others are SB3's or sb3-contrib's)
@@ -188,10 +189,11 @@ def build_model(variant: Variant, env: Any, seed: int, kwargs: dict[str, Any]) -
         if variant.algo not in SAFE_ALGORITHM_CLASSES:
             raise ValueError(f"variant {variant.name}: normalize_value is a keyword of KLAdaptivePPO and SafeA2C only")
         kwargs = {**kwargs, "normalize_value": variant.normalize_value}
-    if variant.normalize_observations:
+    if variant.normalize_observations is not None:
         if not (variant.safe_policy or variant.algo in SAFE_ALGORITHM_CLASSES):
             raise ValueError(f"variant {variant.name}: normalize_observations is a keyword of sb3-safe's policies only")
-        kwargs = {**kwargs, "policy_kwargs": {**kwargs.get("policy_kwargs", {}), "normalize_observations": True}}
+        setting = variant.normalize_observations
+        kwargs = {**kwargs, "policy_kwargs": {**kwargs.get("policy_kwargs", {}), "normalize_observations": setting}}
     model = classes[variant.algo](policy, env, seed=seed, device="cpu", verbose=0, **kwargs)
     if variant.sbx_lr:
         from benchmarks.peers import SBXAdaptiveLR

@@ -165,12 +165,14 @@ def test_safe_categorical_default_bound_probabilities(logits: np.ndarray) -> Non
 
 
 def test_guarded_update_leaves_params_and_optimizer_state() -> None:
-    """An inf reward gives a non-finite loss: the step is skipped, weights and RMSprop state unchanged."""
+    """An inf reward gives a non-finite loss: the step is skipped, weights and RMSprop state unchanged (the statistics
+    of the observations, which the rollouts update, aside)."""
     env = make_vec_env("CartPole-v1", n_envs=2, seed=0, wrapper_class=ConstantRewardWrapper)
     model = SafeA2C("MlpPolicy", env, seed=0, device="cpu")
     model.learn(100)
     assert model.skipped_updates == 0
     params = {name: value.clone() for name, value in model.policy.state_dict().items()}
+    observations_seen = params.pop("observation_normalizer.obs_count").item()
     square_avgs = [state["square_avg"].clone() for state in model.policy.optimizer.state.values()]
     assert len(square_avgs) > 0
 
@@ -178,7 +180,9 @@ def test_guarded_update_leaves_params_and_optimizer_state() -> None:
     model.learn(3 * model.n_steps * env.num_envs, reset_num_timesteps=False)
     assert model.skipped_updates == 3
     assert model.logger.name_to_value["train/skipped_updates"] == 3
-    assert all(th.equal(params[name], value) for name, value in model.policy.state_dict().items())
+    saved_now = model.policy.state_dict()
+    assert saved_now.pop("observation_normalizer.obs_count").item() > observations_seen
+    assert all(th.equal(params[name], value) for name, value in saved_now.items() if not name.startswith("observation_"))
     after = [state["square_avg"] for state in model.policy.optimizer.state.values()]
     assert all(th.equal(before, now) for before, now in zip(square_avgs, after, strict=True))
     assert all(param.grad is None or not param.grad.any() for param in model.policy.parameters())
@@ -371,12 +375,14 @@ def test_pong_smoke() -> None:
 
 def test_cartpole_learns() -> None:
     """
-    rl-zoo's CartPole-v1 settings (8 envs, ent_coef 0) with SB3's critic, 20k steps: the stochastic policy's return
-    clearly improves. (With the normalized critic, the default here, see ``test_value_norm.py``.)
+    rl-zoo's CartPole-v1 settings (8 envs, ent_coef 0) with SB3's critic and observations, 20k steps: the stochastic
+    policy's return clearly improves. (With the defaults, the normalized critic and observations, see
+    ``test_value_norm.py``.)
     """
     env = make_vec_env("CartPole-v1", n_envs=8, seed=0)
     eval_env = make_vec_env("CartPole-v1", n_envs=1, seed=100)
-    model = SafeA2C("MlpPolicy", env, ent_coef=0.0, seed=0, device="cpu", normalize_value=False)
+    raw = dict(normalize_observations=False)
+    model = SafeA2C("MlpPolicy", env, ent_coef=0.0, seed=0, device="cpu", normalize_value=False, policy_kwargs=raw)
     before, _ = evaluate_policy(model, eval_env, n_eval_episodes=20, deterministic=False)
     model.learn(20_000)
     after, _ = evaluate_policy(model, eval_env, n_eval_episodes=20, deterministic=False)

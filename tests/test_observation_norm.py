@@ -19,10 +19,11 @@ from hypothesis import strategies as st
 from sb3_contrib import MaskablePPO, RecurrentPPO
 from stable_baselines3 import A2C, PPO
 from stable_baselines3.common.callbacks import BaseCallback
+from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
 
 from sb3_safe import KLAdaptivePPO, NonFiniteGuardCallback, SafeA2C, SafeMlpPolicy
 from sb3_safe.common.maskable import SafeMaskableMlpPolicy
-from sb3_safe.common.observation_norm import CLIP, FOLD_EVERY, ObservationNormalizer
+from sb3_safe.common.observation_norm import CLIP, KEPT_ELEMENTS, STATISTICS, ObservationNormalizer
 from sb3_safe.common.recurrent import SafeMlpLstmPolicy
 from sb3_safe.doctor import diagnose
 
@@ -102,6 +103,44 @@ def test_statistics_are_the_exact_mean_and_variance_of_the_finite_rows(
     np.testing.assert_allclose(normalizer.obs_var.numpy(), every.var(axis=0), rtol=1e-9, atol=1e-12 * scale**2)
 
 
+@settings(max_examples=300, deadline=None)
+@given(batches, st.lists(st.lists(finite32, min_size=3, max_size=3), min_size=1, max_size=4))
+def test_float32_outputs_are_the_float64_formula_up_to_the_rounding_of_the_mean(
+    observed: list[list[float]], inputs: list[list[float]]
+) -> None:
+    """Float32 observations are normalized in float32 with a shift and scale derived from the float64 statistics: the
+    result differs from ``(obs - mean) / std`` in float64 by at most the mean's rounding to float32 (half a unit in its
+    last place, in units of std) and a few float32 roundings of the result; statistics wider than float32 can scale
+    are applied in float64."""
+    normalizer = ObservationNormalizer((3,))
+    normalizer.observe(th.tensor(observed, dtype=th.float32))
+    normalizer.commit()
+    values = th.tensor(inputs, dtype=th.float32)
+    out = normalizer(values).double().numpy()
+    mean, std = normalizer.obs_mean.numpy(), np.sqrt(np.maximum(normalizer.obs_var.numpy(), 1e-8))
+    exact = np.clip((values.double().numpy() - mean) / std, -CLIP, CLIP)
+    mean_rounding = np.abs(mean.astype(np.float32).astype(np.float64) - mean) / std
+    assert np.all(np.abs(out - exact) <= mean_rounding + 4 * 2.0**-24 * np.abs(exact) + 1e-30)
+    if std.max() > 1e30:
+        assert np.array_equal(out, exact.astype(np.float32))
+
+
+def test_forward_follows_statistics_written_any_way() -> None:
+    """The float32 shift and scale follow the statistics however they change: a commit, a load, a rollback's write
+    outside autograd's version counters, a move to float64."""
+    normalizer = ObservationNormalizer((1,))
+    normalizer.observe(th.tensor([[1.0], [3.0]]))
+    normalizer.commit()
+    assert normalizer(th.tensor([[3.0]])).item() == 1.0
+    saved = {name: tensor.clone() for name, tensor in normalizer.state_dict().items()}
+    normalizer.obs_mean.data.copy_(th.tensor([5.0], dtype=th.float64))  # as FlatCopy.restore writes
+    assert normalizer(th.tensor([[3.0]])).item() == -2.0
+    normalizer.load_state_dict(saved)
+    assert normalizer(th.tensor([[3.0]])).item() == 1.0
+    normalizer.double()
+    assert normalizer.obs_mean.dtype == th.float64 and normalizer(th.tensor([[5.0]])).item() == 3.0
+
+
 def test_before_any_statistics_observations_pass_clipped() -> None:
     """Clipped at 10, VecNormalize's default ``clip_obs``; a commit of nothing observed changes nothing."""
     normalizer = ObservationNormalizer((2,))
@@ -122,21 +161,31 @@ def test_a_batch_without_a_finite_row_changes_nothing() -> None:
 
 def test_observations_are_kept_until_folded_in_one_update() -> None:
     """A step keeps a copy of its observations (the caller may reuse its array); a fold adds every kept one to the
-    pending statistics; what is saved includes them; after FOLD_EVERY batches they are folded without being asked."""
+    pending statistics; what is saved includes them; when KEPT_ELEMENTS are kept they are folded without being asked,
+    and a batch larger than that is kept whole."""
     normalizer = ObservationNormalizer((2,))
     reused = th.tensor([[1.0, 2.0]], dtype=th.float64)  # the statistics' own dtype: only a copy keeps it apart
     normalizer.observe(reused)
     reused.fill_(100.0)
     normalizer.observe(th.tensor([[3.0, 4.0], [5.0, 6.0]]))
-    assert normalizer.pending_count.item() == 0
+    assert normalizer.pending_count.item() == 0 and normalizer.kept.count == 3
     saved = normalizer.state_dict()
     assert saved["pending_count"].item() == 3 and saved["pending_mean"].tolist() == [3.0, 4.0]
-    assert normalizer.unfolded == []
-    for _ in range(FOLD_EVERY - 1):
-        normalizer.observe(th.zeros(1, 2))
-    assert len(normalizer.unfolded) == FOLD_EVERY - 1 and normalizer.pending_count.item() == 3
-    normalizer.observe(th.zeros(1, 2))
-    assert normalizer.unfolded == [] and normalizer.pending_count.item() == 3 + FOLD_EVERY
+    assert normalizer.kept.count == 0
+    capacity = KEPT_ELEMENTS // 2
+    normalizer.observe(th.zeros(capacity - 1, 2))
+    normalizer.observe(th.ones(1, 2))
+    assert normalizer.kept.count == capacity and normalizer.pending_count.item() == 3
+    normalizer.observe(th.ones(1, 2))
+    assert normalizer.kept.count == 1 and normalizer.pending_count.item() == 3 + capacity
+    normalizer.observe(th.full((capacity + 5, 2), 2.0))
+    assert normalizer.kept.count == capacity + 5 and normalizer.pending_count.item() == 4 + capacity
+    normalizer.commit()
+    assert normalizer.obs_count.item() == 9 + 2 * capacity
+    parts = ([[1, 2], [3, 4], [5, 6]], np.zeros((capacity - 1, 2)), np.ones((2, 2)), np.full((capacity + 5, 2), 2.0))
+    every = np.concatenate(parts)
+    np.testing.assert_allclose(normalizer.obs_mean.numpy(), every.mean(axis=0), rtol=1e-9)
+    np.testing.assert_allclose(normalizer.obs_var.numpy(), every.var(axis=0), rtol=1e-9)
 
 
 def test_small_and_constant_observations() -> None:
@@ -320,14 +369,67 @@ def test_spaces_it_cannot_normalize_are_refused_at_construction(policy: type, sp
         policy(space, spaces.Discrete(2), lambda _: 1e-3, **ON)
 
 
-@pytest.mark.parametrize("setting", ["yes", 1, None])
-def test_a_setting_other_than_true_or_false_is_refused(setting: Any) -> None:
-    with pytest.raises(ValueError, match=r"normalize_observations must be True or False, got"):
+@pytest.mark.parametrize("setting", ["yes", 1, None, "True"])
+def test_a_setting_other_than_true_false_or_auto_is_refused(setting: Any) -> None:
+    with pytest.raises(ValueError, match=r"normalize_observations must be True, False or 'auto', got"):
         SafeMlpPolicy(spaces.Box(-1, 1, (4,)), spaces.Discrete(2), lambda _: 1e-3, normalize_observations=setting)
 
 
-def test_off_by_default_with_sb3_s_state_dict_keys() -> None:
-    policy = SafeMlpPolicy(spaces.Box(-1, 1, (4,)), spaces.Discrete(2), lambda _: 1e-3)
-    assert not policy.normalize_observations
-    assert not any("observation_normalizer" in key for key in policy.state_dict())
-    assert not any(module._forward_pre_hooks for module in policy.modules())
+@pytest.mark.parametrize(
+    ("policy", "space", "normalized"),
+    [
+        (SafeMlpPolicy, spaces.Box(-1, 1, (4,)), True),
+        (SafeMaskableMlpPolicy, spaces.Box(-np.inf, np.inf, (3,)), True),
+        (SafeMlpPolicy, spaces.Dict({"a": spaces.Box(-1, 1, (2,))}), False),
+        (SafeMlpPolicy, spaces.Box(0, 255, (36, 36, 3), np.uint8), False),
+        (SafeMaskableMlpPolicy, spaces.Discrete(4), False),
+    ],
+)
+def test_auto_normalizes_box_observations_that_are_not_images(policy: type, space: spaces.Space, normalized: bool) -> None:
+    """The default: Box observations that are not images are normalized (the statistics' keys added to SB3's), others
+    are left as SB3 leaves them (SB3's keys, no hook); the decision is saved."""
+    default = policy(space, spaces.Discrete(2), lambda _: 1e-3)
+    off = policy(space, spaces.Discrete(2), lambda _: 1e-3, normalize_observations=False)
+    assert default.normalize_observations is normalized and off.normalize_observations is False
+    assert default._get_constructor_parameters()["normalize_observations"] is normalized
+    added = [key for key in default.state_dict() if key not in off.state_dict()]
+    assert added == ([f"observation_normalizer.{name}" for name in STATISTICS] if normalized else [])
+    assert not any(module._forward_pre_hooks for module in off.modules())
+
+
+@pytest.mark.parametrize("algo", [SafeA2C, KLAdaptivePPO])
+@pytest.mark.parametrize(("norm_obs", "setting", "normalized"), [(True, None, False), (False, None, True), (True, True, True)])
+def test_safe_algorithms_leave_it_to_a_vecnormalize_that_normalizes_observations(
+    algo: type, norm_obs: bool, setting: bool | None, normalized: bool
+) -> None:
+    """Observations a VecNormalize(norm_obs=True) normalizes are not normalized again by "auto" (saved decided in
+    policy_kwargs); one that only normalizes rewards leaves it on; an explicit setting is kept."""
+    env = VecNormalize(DummyVecEnv([lambda: gym.make("CartPole-v1")]), norm_obs=norm_obs)
+    policy_kwargs = {} if setting is None else dict(normalize_observations=setting)
+    model = algo("MlpPolicy", env, n_steps=8, policy_kwargs=policy_kwargs)
+    assert model.policy.normalize_observations is normalized
+    assert model.policy_kwargs.get("normalize_observations", "auto") in (normalized, "auto")
+
+
+@pytest.mark.parametrize(("stock", "safe"), [(PPO, KLAdaptivePPO), (A2C, SafeA2C)])
+def test_checkpoints_load_with_the_normalization_they_were_trained_with(stock: type, safe: type, tmp_path: Any) -> None:
+    """A checkpoint trained on raw observations (a stock one, or from before the setting) loads without the normalizer
+    "auto" installs; one trained with it loads it into a model built without; predictions are the saved model's."""
+    trained_raw = stock("MlpPolicy", raw_cartpole(), n_steps=8, seed=0)
+    trained_raw.learn(16)
+    trained_raw.save(tmp_path / "raw")
+    continued = safe.load(tmp_path / "raw", env=DummyVecEnv([raw_cartpole]))
+    assert not continued.policy.normalize_observations
+    obs = np.stack([raw_cartpole().reset(seed=seed)[0] for seed in range(8)])
+    assert np.array_equal(continued.predict(obs, deterministic=True)[0], trained_raw.predict(obs, deterministic=True)[0])
+
+    trained_normalized = safe("MlpPolicy", raw_cartpole(), n_steps=8, seed=0)
+    trained_normalized.learn(32)
+    assert trained_normalized.policy.observation_normalizer.obs_count.item() > 0
+    trained_normalized.save(tmp_path / "normalized")
+    built_without = safe("MlpPolicy", raw_cartpole(), n_steps=8, policy_kwargs=dict(normalize_observations=False))
+    built_without.set_parameters(str(tmp_path / "normalized"))
+    assert built_without.policy.normalize_observations
+    expected = trained_normalized.predict(obs, deterministic=True)[0]
+    assert np.array_equal(built_without.predict(obs, deterministic=True)[0], expected)
+    assert np.array_equal(safe.load(tmp_path / "normalized").predict(obs, deterministic=True)[0], expected)

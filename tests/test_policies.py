@@ -119,9 +119,14 @@ def test_gsde_std_is_bounded():
 def test_vanilla_checkpoint_loads_into_safe_policy(tmp_path):
     vanilla = PPO("MlpPolicy", "Pendulum-v1", seed=1)
     safe = PPO(SafeMlpPolicy, "Pendulum-v1", seed=2)
-    assert list(vanilla.policy.state_dict()) == list(safe.policy.state_dict())
+    # SB3's keys, and the statistics of the observations that "auto" normalizes
+    safe_keys = list(safe.policy.state_dict())
+    assert [key for key in safe_keys if not key.startswith("observation_normalizer.")] == list(vanilla.policy.state_dict())
+    assert safe.policy.normalize_observations and len(safe_keys) == len(vanilla.policy.state_dict()) + 6
     vanilla.save(tmp_path / "vanilla.zip")
     safe.set_parameters(str(tmp_path / "vanilla.zip"))
+    # Trained on raw observations: loaded without the normalizer "auto" installed
+    assert not safe.policy.normalize_observations and list(safe.policy.state_dict()) == list(vanilla.policy.state_dict())
     observations = np.stack([safe.observation_space.sample() for _ in range(8)])
     np.testing.assert_allclose(
         safe.predict(observations, deterministic=True)[0], vanilla.predict(observations, deterministic=True)[0]

@@ -353,10 +353,12 @@ def test_auto_normalizes_the_values_unless_the_rewards_are_normalized_already(
 
 @pytest.mark.parametrize(("algo", "kwargs"), ALGORITHMS)
 def test_off_the_policy_is_sb3s(algo: type, kwargs: dict[str, Any]) -> None:
-    """With normalize_value=False the value head is the nn.Linear SB3 built and the state dict has SB3's keys (the
-    trained parameters were checked bit-identical to the code before normalize_value, for the same seed)."""
+    """With normalize_value=False (and raw observations) the value head is the nn.Linear SB3 built and the state dict
+    has SB3's keys (the trained parameters were checked bit-identical to the code before normalize_value, for the same
+    seed)."""
     env = DummyVecEnv([lambda: ScaledRewardEnv()])
-    model = algo("MlpPolicy", env, seed=0, normalize_value=False, **kwargs)
+    raw = dict(normalize_observations=False)
+    model = algo("MlpPolicy", env, seed=0, normalize_value=False, policy_kwargs=raw, **kwargs)
     assert model.normalize_value is False
     assert type(model.policy.value_net) is nn.Linear and value_head(model.policy) is None
     stock = PPO("MlpPolicy", env, seed=0)

@@ -16,6 +16,7 @@ from torch.nn import functional as F
 from sb3_safe.a2c_safe.policies import CnnPolicy, MlpPolicy, MultiInputPolicy
 from sb3_safe.common.adaptive_lr import ADAPTIVE_LR_CALLBACK, check_adaptive_lr, with_adaptive_lr
 from sb3_safe.common.checkpoints import continue_stock_checkpoint, with_settings_of_older_checkpoints
+from sb3_safe.common.observation_norm import decide_normalize_observations
 from sb3_safe.common.policies import SafeActorCriticPolicy
 from sb3_safe.common.updates import (
     GuardedOptimizerStep,
@@ -228,6 +229,7 @@ class SafeA2C(A2C):
         return super().load(path, env, device, custom_objects, print_system_info, force_reset, **kwargs)
 
     def _setup_model(self) -> None:
+        self.policy_kwargs = decide_normalize_observations(self.policy_class, self.policy_kwargs, self.env)
         super()._setup_model()
         self.normalize_value = resolve_normalize_value(self.normalize_value, self.env)
         if self.normalize_value:

@@ -1,8 +1,8 @@
 """
 Checkpoints of stock SB3 algorithms loaded into sb3-safe's: ``KLAdaptivePPO.load("ppo.zip")`` continues a PPO run
 with the safe policy of the same kind (``MlpPolicy``, ``CnnPolicy``, ``MultiInputPolicy``), as if it had been
-built with it; its ``state_dict`` keys equal the stock policy's, so the weights and the optimizer state load as
-they are.
+built with it; its ``state_dict`` keys equal the stock policy's (the observation normalizer the safe policy's
+``"auto"`` installs is removed for a state dict without one), so the weights and the optimizer state load as they are.
 
 Which algorithm wrote a checkpoint is read from its ``data`` entry as JSON, the stored policy class from the
 opcodes of its pickle: nothing of the file is unpickled here (SB3's ``load`` then does, as for any checkpoint).

@@ -26,49 +26,31 @@ class TrainingStalledError(NonFiniteError):
     """
 
 
-def merge_moments(
-    mean: th.Tensor,
-    var: th.Tensor,
-    count: th.Tensor,
-    other_mean: th.Tensor,
-    other_var: th.Tensor,
-    other_count: th.Tensor | float,
-) -> tuple[th.Tensor, th.Tensor, th.Tensor]:
-    """
-    The mean, population variance and count of two sets of samples joined, from each set's (Chan et al.'s parallel
-    update: no sum of squares, so no cancellation where the mean is far larger than the spread). ``count`` may be 0.
-
-    :param mean: the first set's mean
-    :param var: its population variance
-    :param count: its size (a 0-d tensor)
-    :param other_mean: the second set's mean
-    :param other_var: its population variance
-    :param other_count: its size (> 0 unless ``count`` is)
-    :return: the joined set's mean, population variance and size
-    """
-    total = count + other_count
-    delta = other_mean - mean
-    merged_mean = mean + delta * (other_count / total)
-    merged_var = (var * count + other_var * other_count + delta.square() * (count * other_count / total)) / total
-    return merged_mean, merged_var, total
-
-
+@th.no_grad()
 def merge_moments_into(
     moments: tuple[th.Tensor, th.Tensor, th.Tensor],
     other_mean: th.Tensor,
     other_var: th.Tensor,
-    other_count: th.Tensor | float,
+    other_count: float,
 ) -> None:
     """
-    :func:`merge_moments` written into ``moments`` in place (the guard's snapshots copy and restore those very tensors).
+    Join a second set of samples into running moments, in place (the guard's snapshots copy and restore those very
+    tensors): Chan et al.'s parallel update, no sum of squares, so no cancellation where the mean is far larger than
+    the spread. Six tensor operations whatever the shapes: a statistics update runs once per rollout.
 
-    :param moments: the buffers of the first set's mean, population variance and size
+    :param moments: the buffers of the first set's mean, population variance and size (0-d; may be 0)
     :param other_mean: the second set's mean
     :param other_var: its population variance
-    :param other_count: its size
+    :param other_count: its size (> 0 unless the first set's is)
     """
-    for buffer, value in zip(moments, merge_moments(*moments, other_mean, other_var, other_count), strict=True):
-        buffer.copy_(value)
+    mean, var, count = moments
+    first_count = count.item()
+    total = first_count + other_count
+    delta = other_mean - mean
+    mean.add_(delta, alpha=other_count / total)
+    var.mul_(first_count / total).add_(other_var, alpha=other_count / total)
+    var.addcmul_(delta, delta, value=first_count * other_count / total**2)
+    count.fill_(total)
 
 
 def count_nonfinite(tensor: th.Tensor) -> tuple[int, int, int]:

@@ -9,18 +9,22 @@ a rollout collects are folded in when the next rollout starts. Until the first r
 are mean 0 and variance 1: the observations pass clipped to ``[-clip, clip]`` (the first rollout of observations in
 raw units of 1e11 then saturates nothing beyond the clip).
 
-A rollout step only keeps a copy of its observations; they join the pending statistics in one operation when the
-rollout ends (:meth:`ObservationNormalizer.fold`, called by the policy), not one per step: a statistics update of a
-few numbers is a dozen small tensor operations, which at every step cost a small network's training about a tenth of
-its time.
+A rollout step only copies its observations into a kept block; they join the pending statistics in one operation when
+the rollout ends (:meth:`ObservationNormalizer.fold`, called by the policy), not one per step: a statistics update of a
+few numbers is a handful of small tensor operations, which at every step cost a small network's training about a
+tenth of its time. For the same reason :meth:`ObservationNormalizer.forward` reads a float32 shift and scale computed
+once per change of the statistics.
 """
 
-from typing import Any
+import math
+from collections.abc import Callable
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
 import torch as th
 from gymnasium import spaces
 from stable_baselines3.common.preprocessing import is_image_space
+from stable_baselines3.common.vec_env import VecEnv, unwrap_vec_normalize
 from torch import nn
 
 from sb3_safe.common.numerics import merge_moments_into
@@ -31,28 +35,74 @@ MIN_VARIANCE = 1e-8
 CLIP = 10.0
 #: The names of the normalizer's buffers: statistics of the observations in their own units, not weights
 STATISTICS = ("obs_mean", "obs_var", "obs_count", "pending_mean", "pending_var", "pending_count")
-#: Batches of observations kept at most before they are folded in (bounds the memory of a policy that acts for long
-#: without training, e.g. in an evaluation loop that calls ``forward``)
-FOLD_EVERY = 1024
+#: Observation elements kept at most before they are folded in (4 MiB of float64: bounds the memory of a policy that
+#: acts for long without training, e.g. in an evaluation loop that calls ``forward``)
+KEPT_ELEMENTS = 2**19
+#: The largest standard deviation normalized in float32: beyond it the float32 scale would lose precision (subnormal)
+#: and ``obs - mean`` could overflow; wider statistics are applied in float64
+FLOAT32_STD_LIMIT = 1e30
+
+
+#: A safe policy's ``normalize_observations`` setting: True, False, or ``"auto"`` (decided from the observation space)
+NormalizeObservations = bool | Literal["auto"]
+
+
+def normalizable(observation_space: spaces.Space | None) -> bool:
+    """
+    :param observation_space: a policy's observation space
+    :return: whether :class:`ObservationNormalizer` can normalize it: a Box that is not an image
+    """
+    return isinstance(observation_space, spaces.Box) and not is_image_space(observation_space)
 
 
 def validate_normalize_observations(normalize_observations: Any, observation_space: spaces.Space | None) -> bool:
     """
     :param normalize_observations: a safe policy's ``normalize_observations`` argument
     :param observation_space: the policy's observation space
-    :return: ``normalize_observations``, checked
-    :raises ValueError: naming ``normalize_observations``, for a value other than True or False, or True with a space
-        it cannot normalize (not a Box, or images)
+    :return: whether the policy normalizes its observations: ``normalize_observations``, checked; ``"auto"``: where
+        the space is a Box that is not an image
+    :raises ValueError: naming ``normalize_observations``, for a value other than True, False or ``"auto"``, or True
+        with a space it cannot normalize (not a Box, or images)
     """
+    if isinstance(normalize_observations, str) and normalize_observations == "auto":
+        return normalizable(observation_space)
     if not isinstance(normalize_observations, bool | np.bool_):
-        raise ValueError(f"normalize_observations must be True or False, got {normalize_observations!r}")
-    if normalize_observations and (not isinstance(observation_space, spaces.Box) or is_image_space(observation_space)):
+        raise ValueError(f"normalize_observations must be True, False or 'auto', got {normalize_observations!r}")
+    if normalize_observations and not normalizable(observation_space):
         raise ValueError(
             "normalize_observations=True needs a Box observation space that is not an image, got "
             f"{observation_space}: for Dict observations or images use VecNormalize(norm_obs=True, norm_obs_keys=...) "
             "or normalize_observations=False"
         )
     return bool(normalize_observations)
+
+
+def observations_normalized(env: VecEnv | None) -> bool:
+    """
+    :param env: an environment (None: none yet)
+    :return: whether some wrapper of ``env`` is a ``VecNormalize`` with ``norm_obs=True``
+    """
+    vec_normalize = unwrap_vec_normalize(env) if env is not None else None
+    return vec_normalize is not None and vec_normalize.norm_obs
+
+
+def decide_normalize_observations(policy_class: type, policy_kwargs: dict[str, Any], env: VecEnv | None) -> dict[str, Any]:
+    """
+    A safe algorithm's ``policy_kwargs`` with ``normalize_observations="auto"`` (also when left out) decided False
+    where ``env`` normalizes the observations already (``VecNormalize(norm_obs=True)``): a second normalization of
+    normalized observations only costs time. Otherwise left to the policy, which decides from its observation space.
+    Called in the algorithm's constructor: ``load()`` then replaces the ``policy_kwargs`` with the saved ones.
+
+    :param policy_class: the algorithm's policy class (a policy without the keyword is left alone)
+    :param policy_kwargs: the algorithm's ``policy_kwargs`` (not modified)
+    :param env: the algorithm's environment
+    """
+    takes_keyword = "normalize_observations" in getattr(policy_class, "safe_keywords", ())
+    setting = policy_kwargs.get("normalize_observations", "auto")
+    auto = isinstance(setting, str) and setting == "auto"
+    if not (takes_keyword and auto and observations_normalized(env)):
+        return policy_kwargs
+    return {**policy_kwargs, "normalize_observations": False}
 
 
 class ObservationNormalizer(nn.Module):
@@ -79,16 +129,46 @@ class ObservationNormalizer(nn.Module):
             self.register_buffer(f"{prefix}_mean", th.zeros(shape, dtype=th.float64))
             self.register_buffer(f"{prefix}_var", th.ones(shape, dtype=th.float64))
             self.register_buffer(f"{prefix}_count", th.zeros((), dtype=th.float64))
-        #: observations observed and not yet folded into the pending statistics (float64 copies, batch first)
-        self.unfolded: list[th.Tensor] = []
+        self.shape = shape
+        self._derive_shift_and_scale()
+        #: observations observed and not yet folded into the pending statistics
+        self.kept = KeptRows(shape)
         # What is saved (model.save(), a checkpoint mid-rollout) includes every observation observed
         self.register_state_dict_pre_hook(_fold_before_saving)
+
+    def _derive_shift_and_scale(self) -> None:
+        # A plain attribute, not buffers: forward reads it at every call, and a buffer is looked up by Module.__getattr__
+        std = th.sqrt(self.obs_var.clamp(min=MIN_VARIANCE))
+        #: what forward applies: the statistics it was derived from, the float32 shift and scale, whether they are
+        #: applied in float64 instead
+        self._derived = _ShiftAndScale(
+            self.obs_mean.clone(),
+            self.obs_var.clone(),
+            self.obs_mean.float(),
+            (1.0 / std).float(),
+            bool(std.max() > FLOAT32_STD_LIMIT),
+        )
+
+    def _apply(self, fn: Callable[[th.Tensor], th.Tensor], recurse: bool = True) -> "ObservationNormalizer":
+        # .to(device), .double() and the like replace the buffers: derive again from the new ones
+        super()._apply(fn, recurse)
+        self._derive_shift_and_scale()
+        return self
 
     def forward(self, obs: th.Tensor) -> th.Tensor:
         """
         :param obs: a batch of observations, as the features extractor receives them (float)
-        :return: the normalized observations, finite for any finite or infinite input, in ``obs``'s dtype
+        :return: the normalized observations, finite for any finite or infinite input, in ``obs``'s dtype. For float32
+            observations computed in float32 from the float64 statistics: a rounding of the mean of at most half a unit
+            of the observations' own last place
         """
+        # Compared by value, not by version: a rollback writes the statistics outside autograd's version counters
+        derived = self._derived
+        if not (th.equal(self.obs_mean, derived.mean) and th.equal(self.obs_var, derived.var)):
+            self._derive_shift_and_scale()
+            derived = self._derived
+        if obs.dtype == th.float32 and not derived.in_float64:
+            return ((obs - derived.shift) * derived.scale).clamp_(-CLIP, CLIP)
         scaled = (obs.double() - self.obs_mean) / th.sqrt(self.obs_var.clamp(min=MIN_VARIANCE))
         return scaled.clamp(-CLIP, CLIP).to(obs.dtype)
 
@@ -100,7 +180,7 @@ class ObservationNormalizer(nn.Module):
         :param args: its positional arguments, the observations first
         :return: the arguments, the observations normalized
         """
-        return (self(args[0]), *args[1:])
+        return (self.forward(args[0]), *args[1:])
 
     def observe(self, obs: th.Tensor) -> None:
         """
@@ -109,34 +189,98 @@ class ObservationNormalizer(nn.Module):
 
         :param obs: observations, batch first
         """
-        self.unfolded.append(obs.detach().to(th.float64, copy=True).reshape(-1, *self.obs_mean.shape))
-        if len(self.unfolded) >= FOLD_EVERY:
+        rows = obs.detach().reshape(-1, *self.shape)
+        if not self.kept.has_room_for(rows):
             self.fold()
+        self.kept.add(rows)
 
     def fold(self) -> None:
         """Add the observations kept by :meth:`observe` to the pending statistics, in one update."""
-        if not self.unfolded:
+        batch = self.kept.take()
+        if batch is None:
             return
-        batch = th.cat(self.unfolded)
-        self.unfolded.clear()
         if not bool(th.isfinite(batch).all()):
             batch = batch[th.isfinite(batch).flatten(1).all(dim=1)]
-            if len(batch) == 0:
+            if batch.shape[0] == 0:
                 return
         var, mean = th.var_mean(batch, dim=0, correction=0)
-        merge_moments_into((self.pending_mean, self.pending_var, self.pending_count), mean, var, float(len(batch)))
+        merge_moments_into((self.pending_mean, self.pending_var, self.pending_count), mean, var, float(batch.shape[0]))
+
+    def drop_kept(self) -> None:
+        """Forget the observations kept and not folded in (a rollback's: they belong to the steps it undoes)."""
+        self.kept.take()
 
     def commit(self) -> None:
         """Fold the pending statistics (and what :meth:`observe` kept) into those :meth:`forward` uses, and start new
         pending ones."""
         self.fold()
-        if self.pending_count.item() == 0:
+        pending_count = self.pending_count.item()
+        if pending_count == 0:
             return
-        pending = (self.pending_mean, self.pending_var, self.pending_count)
-        merge_moments_into((self.obs_mean, self.obs_var, self.obs_count), *pending)
+        merge_moments_into((self.obs_mean, self.obs_var, self.obs_count), self.pending_mean, self.pending_var, pending_count)
         self.pending_mean.zero_()
         self.pending_var.fill_(1.0)
         self.pending_count.zero_()
+
+
+class KeptRows:
+    """
+    Observation rows copied into one float64 block, allocated once: a step costs one copy and no allocation (a plain
+    object, not a module: its counter changes at every step, and a module's attribute assignment is slow).
+
+    :param shape: the shape of one observation
+    """
+
+    def __init__(self, shape: tuple[int, ...]) -> None:
+        self.shape = shape
+        #: rows a block holds, unless one batch is larger
+        self.capacity = max(1, KEPT_ELEMENTS // max(1, math.prod(shape)))
+        self.block: th.Tensor | None = None
+        #: how many rows of the block are kept
+        self.count = 0
+
+    def has_room_for(self, rows: th.Tensor) -> bool:
+        """
+        :param rows: a batch of observations, batch first
+        :return: whether :meth:`add` can copy them into the current block
+        """
+        block = self.block
+        return block is not None and block.device == rows.device and self.count + rows.shape[0] <= block.shape[0]
+
+    def add(self, rows: th.Tensor) -> None:
+        """
+        Copy rows in: where there is no room, a new block (a larger one for a larger batch) replaces the current one,
+        which must then be empty.
+
+        :param rows: a batch of observations, batch first
+        """
+        if not self.has_room_for(rows):
+            assert self.count == 0, "take() the kept rows before adding rows without room"
+            rows_held = max(self.capacity, rows.shape[0])
+            self.block = th.empty((rows_held, *self.shape), dtype=th.float64, device=rows.device)
+        assert self.block is not None
+        self.block[self.count : self.count + rows.shape[0]].copy_(rows)
+        self.count += rows.shape[0]
+
+    def take(self) -> th.Tensor | None:
+        """
+        Hand over the kept rows: none are kept after.
+
+        :return: the kept rows (a view of the block, valid until the next :meth:`add`), None if none
+        """
+        if self.block is None or self.count == 0:
+            return None
+        rows = self.block[: self.count]
+        self.count = 0
+        return rows
+
+
+class _ShiftAndScale(NamedTuple):
+    mean: th.Tensor
+    var: th.Tensor
+    shift: th.Tensor
+    scale: th.Tensor
+    in_float64: bool
 
 
 def _fold_before_saving(module: nn.Module, prefix: str, keep_vars: bool) -> None:

@@ -24,7 +24,11 @@ from sb3_safe.common.distributions import (
     validate_log_std_range,
     validate_logit_bound,
 )
-from sb3_safe.common.observation_norm import ObservationNormalizer, validate_normalize_observations
+from sb3_safe.common.observation_norm import (
+    NormalizeObservations,
+    ObservationNormalizer,
+    validate_normalize_observations,
+)
 from sb3_safe.common.value_norm import install_saved_value_normalization
 
 #: What the algorithms of other policy families read from their policy right after building it (in
@@ -69,7 +73,9 @@ class SafeDistributionMixin(BasePolicy):
     - :meth:`project_log_std`, also run by ``get_distribution`` (whatever its signature) and ``set_training_mode``;
     - ``_get_constructor_parameters`` saving :attr:`safe_keywords`, so ``save`` / ``load`` restore them;
     - with ``normalize_observations``, :attr:`observation_normalizer` before every features extractor, its statistics
-      taken from the observations ``forward`` (a rollout) sees and folded in at the next rollout after an update.
+      taken from the observations ``forward`` (a rollout) sees and folded in at the next rollout after an update;
+      ``load_state_dict`` installs it for a state dict that has its statistics, and removes the one ``"auto"``
+      installed for a state dict without (a checkpoint from before the setting, or of a stock policy).
     """
 
     #: Constructor keywords the family adds to its SB3 policy's, saved with the policy (read back as attributes)
@@ -81,6 +87,8 @@ class SafeDistributionMixin(BasePolicy):
     logit_bound: float | None
     _tanh_squash: bool
     normalize_observations: bool
+    #: the ``normalize_observations`` argument (``"auto"`` gives way to a checkpoint without statistics)
+    _normalize_observations_setting: NormalizeObservations
     #: whether an update ran since the observations seen were folded into the normalizer's statistics
     _observations_due: bool
 
@@ -109,7 +117,7 @@ class SafeDistributionMixin(BasePolicy):
         squash_output: bool = False,
         use_sde: bool = False,
         observation_space: spaces.Space | None = None,
-        normalize_observations: bool = False,
+        normalize_observations: NormalizeObservations = "auto",
     ) -> bool:
         """
         Check and store the safe keywords. Called before SB3's constructor, whose ``_build`` builds the
@@ -136,6 +144,7 @@ class SafeDistributionMixin(BasePolicy):
         warn_about_arguments_without_effect(action_space, self.log_std_range, self.logit_bound)
         self._tanh_squash = squash_output and not use_sde
         self.normalize_observations = validate_normalize_observations(normalize_observations, observation_space)
+        self._normalize_observations_setting = normalize_observations
         self._observations_due = False
         return squash_output and use_sde
 
@@ -156,14 +165,41 @@ class SafeDistributionMixin(BasePolicy):
         # extractors through BaseModel.extract_features directly (predict_values, get_distribution)
         shape = self.observation_space.shape
         assert shape is not None  # a Box: _init_safe_arguments checked it
-        self.observation_normalizer = ObservationNormalizer(shape)
+        self.observation_normalizer = ObservationNormalizer(shape).to(self.device)
         extractors = {
             id(module): module
             for name in ("features_extractor", "pi_features_extractor", "vf_features_extractor")
             if isinstance(module := getattr(self, name, None), th.nn.Module)
         }
-        for extractor in extractors.values():
+        self._observation_hooks = [
             extractor.register_forward_pre_hook(self.observation_normalizer.features_extractor_pre_hook)
+            for extractor in extractors.values()
+        ]
+        self.normalize_observations = True
+
+    def _remove_observation_normalizer(self) -> None:
+        for hook in self._observation_hooks:
+            hook.remove()
+        del self.observation_normalizer
+        self.normalize_observations = False
+
+    def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True, assign: bool = False) -> Any:
+        """
+        ``th.nn.Module.load_state_dict``; the observation normalizer follows the state dict: installed for one that
+        has its statistics (a model trained with it predicts only with it), removed for one without if ``"auto"``
+        installed it (a checkpoint from before the setting, or of a stock policy, loads as it was trained).
+
+        :param state_dict: the parameters and buffers to load
+        :param strict: whether the keys must match this module's exactly
+        :param assign: whether to assign the loaded tensors instead of copying into the existing ones
+        :return: the missing and unexpected keys
+        """
+        saved = any(key.startswith("observation_normalizer.") for key in state_dict)
+        if saved and not self.normalize_observations:
+            self._install_observation_normalizer()
+        elif not saved and self.normalize_observations and self._normalize_observations_setting == "auto":
+            self._remove_observation_normalizer()
+        return super().load_state_dict(state_dict, strict=strict, assign=assign)
 
     def forward(self, obs: th.Tensor, *args: Any, **kwargs: Any) -> Any:
         # forward() is how the on-policy algorithms act in a rollout (predict() and the updates do not call it): the
@@ -253,6 +289,9 @@ class SafeActorCriticPolicy(SafeDistributionMixin, ActorCriticPolicy):
     :param normalize_observations: normalize Box observations with running statistics of those the rollouts saw,
         as ``VecNormalize(norm_obs=True)`` does, the statistics kept in the policy (saved with the model, restored
         by the guard's rollback); fixed from a rollout to the end of its update. Not for Dict or image observations.
+        ``"auto"`` (the default): on for Box observations that are not images; KLAdaptivePPO and SafeA2C turn it off
+        where their env is a ``VecNormalize(norm_obs=True)``, which normalizes them already (with a stock
+        algorithm in such an env, pass ``False``).
     :param kwargs: the other keywords of SB3's
         :sb3:`ActorCriticPolicy <modules/ppo.html#stable_baselines3.common.policies.ActorCriticPolicy>`, with their
         meaning there: ``net_arch``, ``activation_fn``, ``ortho_init``, ``log_std_init``, ``full_std``,
@@ -260,7 +299,9 @@ class SafeActorCriticPolicy(SafeDistributionMixin, ActorCriticPolicy):
         ``normalize_images``, ``optimizer_class``, ``optimizer_kwargs``
 
     A non-finite network output raises :class:`sb3_safe.NonFiniteError` naming it (mean, log-std or logits).
-    With default arguments the ``state_dict`` keys equal those of SB3's policy, so checkpoints load both ways.
+    The ``state_dict`` keys are those of SB3's policy, plus ``observation_normalizer.*`` where observations are
+    normalized: a stock checkpoint loads (the normalizer that ``"auto"`` installed is removed), and with
+    ``normalize_observations=False`` checkpoints load both ways.
 
     The optimizer is built with ``foreach=True`` (see :func:`prefer_foreach`) unless ``optimizer_kwargs`` chooses
     an implementation: the same arithmetic as torch's per-parameter loop, which torch uses by default on CPU,
@@ -276,7 +317,7 @@ class SafeActorCriticPolicy(SafeDistributionMixin, ActorCriticPolicy):
         logit_bound: float | None = DEFAULT_LOGIT_BOUND,
         squash_output: bool = False,
         use_sde: bool = False,
-        normalize_observations: bool = False,
+        normalize_observations: NormalizeObservations = "auto",
         **kwargs: Any,
     ):
         sb3_squash_output = self._init_safe_arguments(

@@ -17,6 +17,7 @@ from sb3_safe.common.adaptive_lr import ADAPTIVE_LR_CALLBACK, check_adaptive_lr,
 from sb3_safe.common.buffers import KLDictRolloutBuffer, KLDictRolloutBufferSamples, KLRolloutBuffer, KLRolloutBufferSamples
 from sb3_safe.common.checkpoints import continue_stock_checkpoint, with_settings_of_older_checkpoints
 from sb3_safe.common.kl import analytic_kl, approx_kl, clamp_log_ratio, has_analytic_kl
+from sb3_safe.common.observation_norm import decide_normalize_observations
 from sb3_safe.common.policies import SafeActorCriticPolicy, SafeCnnPolicy, SafeMultiInputPolicy
 from sb3_safe.common.updates import (
     GuardedOptimizerStep,
@@ -274,6 +275,7 @@ class KLAdaptivePPO(PPO):
         return super().load(path, env, device, custom_objects, print_system_info, force_reset, **kwargs)
 
     def _setup_model(self) -> None:
+        self.policy_kwargs = decide_normalize_observations(self.policy_class, self.policy_kwargs, self.env)
         # load() restores the bounds from JSON as a list
         self.kl_beta_bounds = (float(self.kl_beta_bounds[0]), float(self.kl_beta_bounds[1]))
         if self.rollout_buffer_class in (None, RolloutBuffer, DictRolloutBuffer):

@@ -45,8 +45,9 @@ _CAUSES = {
         "Likely causes: rewards of a scale whose value loss overflows or swamps the gradient (scale them: wrap the env "
         "in VecNormalize(norm_reward=True), or divide the reward in a wrapper; KLAdaptivePPO and SafeA2C learn at any "
         "scale with normalize_value=True), observations of a scale that saturates the network's units, so that no "
-        "gradient reaches the weights (normalize them: VecNormalize(norm_obs=True), or sb3_safe's safe policies with "
-        "policy_kwargs=dict(normalize_observations=True)), a non-finite loss at every update "
+        "gradient reaches the weights (normalize them: VecNormalize(norm_obs=True), or sb3_safe's safe policies, which "
+        "do by default where not given policy_kwargs=dict(normalize_observations=False)), a non-finite loss at every "
+        "update "
         "from the data, a learning rate of 0 or too small to move float32 weights. A rollback cannot fix a stall: the "
         "next updates would read the same data."
     ),

@@ -85,6 +85,9 @@ class Snapshot:
         :param watched: what the guard watches in it
         """
         self.flat.restore()
+        for normalizer in watched.observation_normalizers:
+            # The snapshot folded in every observation kept before it: those kept since belong to the undone steps
+            normalizer.drop_kept()
         saved = zip(watched.optimizers, self.optimizer_states, self.param_groups, strict=True)
         for (_, optimizer), states, groups in saved:
             # State entries created after the snapshot are dropped: the optimizer re-creates them lazily
@@ -153,6 +156,9 @@ class SnapshotStore:
 
         :return: the spare snapshot, to :meth:`commit` if the rest of the check passes, and whether it is all finite
         """
+        for normalizer in self.watched.observation_normalizers:
+            # Observations kept outside the normalizer's tensors join them, so that the copy holds every one
+            normalizer.fold()
         signature = self.watched.signature()
         if self._spare is None or self._spare.signature != signature:
             self._spare = Snapshot(FlatCopy(self.watched.state_tensors()), signature)

@@ -15,6 +15,7 @@ from stable_baselines3.common.save_util import recursive_getattr
 from torch.utils.hooks import RemovableHandle
 
 from sb3_safe.common.numerics import ArrayFiniteCheck, GradientNorm, TensorFiniteCheck
+from sb3_safe.common.observation_norm import ObservationNormalizer
 
 #: A batch of observations, or of dict observations
 Observation = np.ndarray | dict[str, np.ndarray]
@@ -75,6 +76,13 @@ class WatchedModel:
         self.gradient_norm = GradientNorm(self.param_names)
         #: the VecNormalize wrapper of the training env, or None
         self.vec_normalize: Any = model.get_vec_normalize_env()
+        #: the safe policies' observation normalizers: they keep a rollout's observations outside their tensors
+        self.observation_normalizers = [
+            normalizer
+            for _, module in self.modules
+            for normalizer in module.modules()
+            if isinstance(normalizer, ObservationNormalizer)
+        ]
         # The per-step check of the parameters each optimizer updates (read in place: no snapshot is needed)
         self._step_checks = {
             id(optimizer): (name, TensorFiniteCheck(self.parameters(optimizer))) for name, optimizer in self.optimizers

@@ -13,6 +13,7 @@ from stable_baselines3.common.type_aliases import Schedule
 
 from sb3_safe.common.distributions import DEFAULT_LOGIT_BOUND
 from sb3_safe.common.maskable.distributions import make_safe_masked_distribution
+from sb3_safe.common.observation_norm import NormalizeObservations
 from sb3_safe.common.policies import PolicyAlgorithmMismatchError, SafeDistributionMixin
 
 
@@ -38,7 +39,8 @@ class SafeMaskableActorCriticPolicy(SafeDistributionMixin, MaskableActorCriticPo
         ``optimizer_kwargs``
 
     A non-finite network output raises :class:`sb3_safe.NonFiniteError` naming it; a mask without a valid action
-    raises ``ValueError``. With default arguments the ``state_dict`` keys equal those of sb3-contrib's policy.
+    raises ``ValueError``. The ``state_dict`` keys are those of sb3-contrib's policy, plus ``observation_normalizer.*``
+    where observations are normalized (see :class:`~sb3_safe.common.policies.SafeActorCriticPolicy`).
 
     Given to an algorithm other than ``MaskablePPO``, it raises
     :class:`~sb3_safe.common.policies.PolicyAlgorithmMismatchError` naming both when the algorithm builds it:
@@ -55,7 +57,7 @@ class SafeMaskableActorCriticPolicy(SafeDistributionMixin, MaskableActorCriticPo
         action_space: spaces.Space,
         lr_schedule: Schedule,
         logit_bound: float | None = DEFAULT_LOGIT_BOUND,
-        normalize_observations: bool = False,
+        normalize_observations: NormalizeObservations = "auto",
         **kwargs: Any,
     ):
         if "use_sde" in kwargs:

@@ -26,11 +26,12 @@ class SafeRecurrentActorCriticPolicy(SafeActorCriticPolicy, RecurrentActorCritic
     rebuilds for the LSTMs), ``squash_output`` without gSDE, bounded logits, and a
     :class:`sb3_safe.NonFiniteError` naming a non-finite network output.
 
-    Accepts every ``RecurrentActorCriticPolicy`` keyword, plus ``log_std_range``, ``logit_bound`` and
-    ``squash_output`` (see :class:`~sb3_safe.common.policies.SafeActorCriticPolicy`). With default arguments the
-    ``state_dict`` keys equal those of sb3-contrib's policy. :meth:`save` / :meth:`load` of the policy alone also
-    restore the LSTM keywords (``lstm_hidden_size``, ``n_lstm_layers``, ``shared_lstm``, ``enable_critic_lstm``,
-    ``lstm_kwargs``), which sb3-contrib's policy does not save.
+    Accepts every ``RecurrentActorCriticPolicy`` keyword, plus ``log_std_range``, ``logit_bound``,
+    ``squash_output`` and ``normalize_observations`` (see :class:`~sb3_safe.common.policies.SafeActorCriticPolicy`).
+    The ``state_dict`` keys are those of sb3-contrib's policy, plus ``observation_normalizer.*`` where observations
+    are normalized. :meth:`save` / :meth:`load` of the policy alone also restore the LSTM keywords
+    (``lstm_hidden_size``, ``n_lstm_layers``, ``shared_lstm``, ``enable_critic_lstm``, ``lstm_kwargs``),
+    which sb3-contrib's policy does not save.
 
     :param observation_space: the observation space (the algorithm passes it)
     :param action_space: the action space (the algorithm passes it)
