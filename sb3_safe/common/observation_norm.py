@@ -91,7 +91,8 @@ def decide_normalize_observations(policy_class: type, policy_kwargs: dict[str, A
     A safe algorithm's ``policy_kwargs`` with ``normalize_observations="auto"`` (also when left out) decided False
     where ``env`` normalizes the observations already (``VecNormalize(norm_obs=True)``): a second normalization of
     normalized observations only costs time. Otherwise left to the policy, which decides from its observation space.
-    Called in the algorithm's constructor: ``load()`` then replaces the ``policy_kwargs`` with the saved ones.
+    Called when the algorithm sets up its model, ``load()`` included: a checkpoint keeps what it saved decided, and
+    the policy's ``load_state_dict`` matches the normalizer to the saved state either way.
 
     :param policy_class: the algorithm's policy class (a policy without the keyword is left alone)
     :param policy_kwargs: the algorithm's ``policy_kwargs`` (not modified)
