@@ -122,6 +122,24 @@ def test_statistics_are_the_float64_mean_and_variance_of_every_return(batches: t
     assert head.return_var.item() == pytest.approx(everything.var(), rel=1e-7, abs=1e-12 * scale**2)
 
 
+def test_values_follow_the_statistics_however_they_are_written() -> None:
+    """The de-normalizing scale forward applies follows the statistics: an update, a rollback's write outside
+    autograd's version counters, a load, a move to float64."""
+    head = linear_head(3, 0)
+    latent = th.ones(2, 3)
+    assert th.equal(head(latent), th.zeros(2, 1))  # before the first update: values of 0
+    head.update(np.array([1.0, 3.0]))  # mean 2, std 1 (the first update keeps the layer)
+    normalized = F.linear(latent, head.weight, head.bias).double()
+    assert th.allclose(head(latent).double(), normalized + 2.0)
+    saved = {name: tensor.clone() for name, tensor in head.state_dict().items()}
+    head.return_var.data.fill_(4.0)  # as the guard's FlatCopy.restore writes
+    assert th.allclose(head(latent).double(), 2 * normalized + 2.0)
+    head.load_state_dict(saved)
+    assert th.allclose(head(latent).double(), normalized + 2.0)
+    head.double()
+    assert head(latent.double()).dtype == th.float64 and th.allclose(head(latent.double()), normalized + 2.0)
+
+
 @settings(max_examples=100, deadline=None)
 @given(
     exponent=st.integers(-6, 30),

@@ -74,6 +74,22 @@ class PopArtValueHead(nn.Module):
         self.register_buffer("return_count", th.zeros((), dtype=th.float64, device=device))
         #: whether :meth:`forward` returns normalized values (inside :func:`normalized_values`) or values in reward units
         self.normalized_output = False
+        self._derive_output_scale()
+
+    def _derive_output_scale(self) -> None:
+        # A plain attribute, not a buffer: forward reads it at every call (a buffer is looked up by Module.__getattr__)
+        #: the statistics the scale was derived from, and the scale: the returns' std, 0 before the first update
+        self._output_scale = (
+            self.return_var.clone(),
+            self.return_count.clone(),
+            th.where(self.return_count > 0, self.return_std, th.zeros_like(self.return_std)),
+        )
+
+    def _apply(self, fn: Any, recurse: bool = True) -> "PopArtValueHead":
+        # .to(device) and the like replace the buffers: derive again from the new ones
+        super()._apply(fn, recurse)
+        self._derive_output_scale()
+        return self
 
     @property
     def return_std(self) -> th.Tensor:
@@ -88,10 +104,14 @@ class PopArtValueHead(nn.Module):
         normalized = F.linear(latent, self.weight, self.bias)
         if self.normalized_output:
             return normalized
-        # Scale 0 before the first update (the values are then 0); a tensor, not a branch: no device sync per step
-        scale = th.where(self.return_count > 0, self.return_std, th.zeros_like(self.return_std))
+        # Derived once per change of the statistics, compared by value (a rollback writes them outside autograd's
+        # version counters): a value per rollout step costs a few operations, not a dozen
+        source_var, source_count, scale = self._output_scale
+        if not (th.equal(self.return_var, source_var) and th.equal(self.return_count, source_count)):
+            self._derive_output_scale()
+            scale = self._output_scale[2]
         # In float64: the statistics of returns near float32's range must not round or overflow on the way
-        return (normalized.double() * scale + self.return_mean).to(normalized.dtype)
+        return th.addcmul(self.return_mean, normalized.double(), scale).to(normalized.dtype)
 
     def normalize(self, values: th.Tensor) -> th.Tensor:
         """
