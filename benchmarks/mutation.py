@@ -172,27 +172,14 @@ HAND_TESTS = ["tests/test_promises.py"]
 #: Survivors that change no behaviour, by row key (``module:operator:occurrence@source``: a changed source is triaged
 #: again), with why
 EQUIVALENT: dict[str, str] = {
-    "sb3_safe/common/observation_norm.py:core/NumberReplacer:4@cc9145113add": (
-        "FOLD_EVERY bounds the memory of observations kept: the statistics are the same at any bound (a fold adds every "
-        "kept batch), and the tests read the constant."
+    "sb3_safe/common/observation_norm.py:core/ReplaceBinaryOperator_Pow_Mul:0@7f5b53614998": (
+        "KEPT_ELEMENTS bounds the memory of observations kept: the statistics are the same at any bound (a full block "
+        "is folded before more rows are copied in, a larger batch gets a block of its own), and the tests read the "
+        "constant."
     ),
-    "sb3_safe/common/observation_norm.py:core/NumberReplacer:5@cc9145113add": (
-        "FOLD_EVERY bounds the memory of observations kept: the statistics are the same at any bound (a fold adds every "
-        "kept batch), and the tests read the constant."
-    ),
-    "sb3_safe/common/observation_norm.py:core/NumberReplacer:7@cc9145113add": (
-        "SB3's features extractors are called with the observations alone: args holds one tensor, args[-1] is args[0]."
-    ),
-    "sb3_safe/common/observation_norm.py:core/NumberReplacer:8@cc9145113add": (
-        "SB3's features extractors are called with the observations alone: args[1:] and args[2:] are both empty."
-    ),
-    "sb3_safe/common/observation_norm.py:core/NumberReplacer:24@cc9145113add": (
-        "The pending variance is reset with a count of 0, which weights it by 0 in the next merge: any finite reset "
-        "value gives the same statistics."
-    ),
-    "sb3_safe/common/observation_norm.py:core/NumberReplacer:25@cc9145113add": (
-        "The pending variance is reset with a count of 0, which weights it by 0 in the next merge: any finite reset "
-        "value gives the same statistics."
+    "sb3_safe/common/observation_norm.py:core/ReplaceComparisonOperator_Gt_GtE:0@7f5b53614998": (
+        "At a largest std of exactly FLOAT32_STD_LIMIT (1e30) both paths are exact to rounding: the float32 scale "
+        "1e-30 is a normal number, and obs - mean cannot overflow float32 where the result is not clipped anyway."
     ),
     "sb3_safe/common/kl.py:core/ReplaceComparisonOperator_Gt_GtE:0@134ad189f87a": (
         "mass = Phi(-lower) - Phi(-upper) or Phi(upper) - Phi(lower) are the same quantity; `>=` only changes the choice "

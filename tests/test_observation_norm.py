@@ -125,6 +125,18 @@ def test_float32_outputs_are_the_float64_formula_up_to_the_rounding_of_the_mean(
         assert np.array_equal(out, exact.astype(np.float32))
 
 
+def test_float64_observations_are_normalized_in_float64() -> None:
+    """Observations in float64 (a user's features extractor input) get the float64 formula exactly, not the float32
+    shift and scale."""
+    normalizer = ObservationNormalizer((2,))
+    normalizer.observe(th.tensor([[0.1, 1e6], [0.3, 1e6 + 3.0], [0.7, 1e6 + 5.0]], dtype=th.float64))
+    normalizer.commit()
+    values = th.tensor([[0.2, 1e6 + 1.0], [0.65, 1e6 + 4.5]], dtype=th.float64)
+    exact = (values - normalizer.obs_mean) / th.sqrt(normalizer.obs_var)
+    out = normalizer(values)
+    assert out.dtype == th.float64 and th.equal(out, exact.clamp(-CLIP, CLIP))
+
+
 def test_forward_follows_statistics_written_any_way() -> None:
     """The float32 shift and scale follow the statistics however they change: a commit, a load, a rollback's write
     outside autograd's version counters, a move to float64."""
