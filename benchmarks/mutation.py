@@ -181,6 +181,57 @@ EQUIVALENT: dict[str, str] = {
         "At a largest std of exactly FLOAT32_STD_LIMIT (1e30) both paths are exact to rounding: the float32 scale "
         "1e-30 is a normal number, and obs - mean cannot overflow float32 where the result is not clipped anyway."
     ),
+    "sb3_safe/common/observation_norm.py:core/NumberReplacer:6@7f5b53614998": (
+        "KEPT_ELEMENTS bounds the memory of observations kept: the statistics are the same at any bound (a full block "
+        "is folded before more rows are copied in, a larger batch gets a block of its own), and the tests read the "
+        "constant."
+    ),
+    "sb3_safe/common/observation_norm.py:core/NumberReplacer:7@7f5b53614998": (
+        "KEPT_ELEMENTS bounds the memory of observations kept: the statistics are the same at any bound (a full block "
+        "is folded before more rows are copied in, a larger batch gets a block of its own), and the tests read the "
+        "constant."
+    ),
+    "sb3_safe/common/observation_norm.py:core/NumberReplacer:8@7f5b53614998": (
+        "The mutant writes 1e+30 for 1e30: the same float."
+    ),
+    "sb3_safe/common/observation_norm.py:core/NumberReplacer:9@7f5b53614998": (
+        "The mutant writes 1e+30 for 1e30: the same float."
+    ),
+    "sb3_safe/common/observation_norm.py:core/NumberReplacer:13@7f5b53614998": (
+        "SB3's features extractors are called with the observations alone: args holds one tensor, args[-1] is args[0]."
+    ),
+    "sb3_safe/common/observation_norm.py:core/NumberReplacer:14@7f5b53614998": (
+        "SB3's features extractors are called with the observations alone: args[1:] and args[2:] are both empty."
+    ),
+    "sb3_safe/common/observation_norm.py:core/NumberReplacer:34@7f5b53614998": (
+        "The pending variance is reset with a count of 0, which weights it by 0 in the next merge: any finite reset "
+        "value gives the same statistics."
+    ),
+    "sb3_safe/common/observation_norm.py:core/NumberReplacer:35@7f5b53614998": (
+        "The pending variance is reset with a count of 0, which weights it by 0 in the next merge: any finite reset "
+        "value gives the same statistics."
+    ),
+    "sb3_safe/common/observation_norm.py:core/NumberReplacer:36@7f5b53614998": (
+        "The least capacity only bounds memory (a block of 1 or 2 rows): KEPT_ELEMENTS bounds the memory of "
+        "observations kept: the statistics are the same at any bound (a full block is folded before more rows are "
+        "copied in, a larger batch gets a block of its own), and the tests read the constant."
+    ),
+    "sb3_safe/common/observation_norm.py:core/NumberReplacer:37@7f5b53614998": (
+        "A capacity of 0 still allocates a block of the batch's size (add() takes the larger), so every row is kept and"
+        " folded: the same statistics."
+    ),
+    "sb3_safe/common/observation_norm.py:core/NumberReplacer:38@7f5b53614998": (
+        "Dividing by max(2, n) instead of max(1, n) only halves the capacity of a 1-element observation: KEPT_ELEMENTS "
+        "bounds the memory of observations kept: the statistics are the same at any bound (a full block is folded "
+        "before more rows are copied in, a larger batch gets a block of its own), and the tests read the constant."
+    ),
+    "sb3_safe/common/observation_norm.py:core/NumberReplacer:39@7f5b53614998": (
+        "max(0, n) differs from max(1, n) only for an observation of 0 elements, which no Box a policy is built with has."
+    ),
+    "sb3_safe/common/observation_norm.py:core/ReplaceTrueWithFalse:0@7f5b53614998": (
+        "_apply's default recurse is what Module.to() and the like use; the normalizer has no submodules, so recursing "
+        "or not applies fn to the same buffers."
+    ),
     "sb3_safe/common/kl.py:core/ReplaceComparisonOperator_Gt_GtE:0@134ad189f87a": (
         "mass = Phi(-lower) - Phi(-upper) or Phi(upper) - Phi(lower) are the same quantity; `>=` only changes the choice "
         "at lower == 0.0 exactly, where both differences are of values in [0.5, 1] and round alike (~1e-16 absolute)."
@@ -665,15 +716,15 @@ EQUIVALENT: dict[str, str] = {
         "(checked on float32 and float64 grids)."
     ),
     # A snapshot's defaults: only a committed snapshot is read, and commit() captures it first
-    "sb3_safe/common/guard/snapshot.py:core/NumberReplacer:0@42e79fa34e77": (
+    "sb3_safe/common/guard/snapshot.py:core/NumberReplacer:0@7e233fc9058b": (
         "the default `timestep` is never read: capture() sets it on every snapshot before commit() makes it the healthy"
         " one, and only the healthy one is read (statistics, the rollback and stop messages)"
     ),
-    "sb3_safe/common/guard/snapshot.py:core/NumberReplacer:1@42e79fa34e77": (
+    "sb3_safe/common/guard/snapshot.py:core/NumberReplacer:1@7e233fc9058b": (
         "the default `timestep` is never read: capture() sets it on every snapshot before commit() makes it the healthy"
         " one, and only the healthy one is read (statistics, the rollback and stop messages)"
     ),
-    "sb3_safe/common/guard/snapshot.py:core/NumberReplacer:2@42e79fa34e77": (
+    "sb3_safe/common/guard/snapshot.py:core/NumberReplacer:2@7e233fc9058b": (
         "the default `lr_scale` is never read: its one reader is a rollback, whose store is restorable, and capture()"
         " sets it on every restorable snapshot before commit(); a non-restorable one (raise mode) is never restored"
     ),
@@ -681,21 +732,21 @@ EQUIVALENT: dict[str, str] = {
         "`Guard` is a typing Protocol (not runtime-checkable, never in isinstance): its `stopping` member is read only on"
         " the guards, whose own `stopping` is a property; the Protocol's body never runs"
     ),
-    "sb3_safe/common/guard/snapshot.py:core/NumberReplacer:3@42e79fa34e77": (
+    "sb3_safe/common/guard/snapshot.py:core/NumberReplacer:3@7e233fc9058b": (
         "the default `lr_scale` is never read (as for 2.0): capture() sets it on every restorable snapshot before"
         " commit(), and only a restorable one is rolled back to"
     ),
-    "sb3_safe/common/guard/snapshot.py:core/ReplaceTrueWithFalse:0@42e79fa34e77": (
+    "sb3_safe/common/guard/snapshot.py:core/ReplaceTrueWithFalse:0@7e233fc9058b": (
         "capture()'s default `restorable` is never read: its one caller, SnapshotStore.commit, passes it"
     ),
-    "sb3_safe/common/guard/snapshot.py:core/ReplaceFalseWithTrue:0@42e79fa34e77": (
+    "sb3_safe/common/guard/snapshot.py:core/ReplaceFalseWithTrue:0@7e233fc9058b": (
         "capture()'s default `lean` is never read: its one caller, SnapshotStore.commit, passes it"
     ),
-    "sb3_safe/common/guard/snapshot.py:core/ReplaceTrueWithFalse:1@42e79fa34e77": (
+    "sb3_safe/common/guard/snapshot.py:core/ReplaceTrueWithFalse:1@7e233fc9058b": (
         "the three zipped lists always have the same length: capture() builds the states and groups from the same"
         " `watched.optimizers` list restore() zips them with, fixed when the WatchedModel is built"
     ),
-    "sb3_safe/common/guard/snapshot.py:core/ReplaceTrueWithFalse:2@42e79fa34e77": (
+    "sb3_safe/common/guard/snapshot.py:core/ReplaceTrueWithFalse:2@7e233fc9058b": (
         "a snapshot's groups are copied from the same optimizer and nothing in SB3, sb3-contrib or sb3-safe adds a"
         " param group during learn(): the lengths are equal, `strict` only guards against such an addition"
     ),

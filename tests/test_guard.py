@@ -34,6 +34,7 @@ from sb3_safe import (
 )
 from sb3_safe.common.callbacks import REPORT_FILENAME, ScaledSchedule
 from sb3_safe.common.exploration import ExplorationWarning
+from sb3_safe.common.guard import SnapshotStore, WatchedModel
 
 
 @pytest.fixture(autouse=True)
@@ -756,3 +757,25 @@ def test_a_weight_given_new_storage_between_two_learn_calls_is_still_watched() -
         model.learn(256, callback=guard, reset_num_timesteps=False)
     assert injector.timesteps == [128]
     assert "policy.mlp_extractor.policy_net.0.weight: 1 NaN" in str(error.value)
+
+
+def test_a_snapshot_holds_the_kept_observations_and_a_restore_drops_those_kept_since() -> None:
+    """The safe policy keeps a rollout's observations outside its tensors until they are folded in: a snapshot folds
+    them in first (so the copy holds every one), a restore forgets those kept after it (they belong to undone steps)."""
+    model = SafeA2C("MlpPolicy", "CartPole-v1", n_steps=4, seed=0)
+    normalizer = model.policy.observation_normalizer
+    store = SnapshotStore(model, WatchedModel(model), restorable=True)
+    for _ in range(2):
+        # Copies into new buffers read state_dict(), whose pre-hook folds too; from the third on a spare is reused
+        snapshot, _ = store.copy_and_test()
+        store.commit(snapshot)
+    normalizer.observe(th.ones(3, 4))
+    snapshot, finite = store.copy_and_test()
+    assert finite
+    store.commit(snapshot)
+    assert normalizer.kept.count == 0 and normalizer.pending_count.item() == 3
+    normalizer.observe(th.full((2, 4), 5.0))
+    store.restore()
+    assert normalizer.kept.count == 0
+    normalizer.fold()
+    assert normalizer.pending_count.item() == 3 and normalizer.pending_mean.tolist() == [1.0] * 4

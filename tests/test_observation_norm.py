@@ -423,6 +423,13 @@ def test_safe_algorithms_leave_it_to_a_vecnormalize_that_normalizes_observations
     assert model.policy_kwargs.get("normalize_observations", "auto") in (normalized, "auto")
 
 
+def test_an_invalid_setting_is_refused_under_vecnormalize_too() -> None:
+    """A VecNormalize(norm_obs=True) decides "auto" only: any other string still reaches the policy's check."""
+    env = VecNormalize(DummyVecEnv([lambda: gym.make("CartPole-v1")]))
+    with pytest.raises(ValueError, match=r"normalize_observations must be True, False or 'auto', got 'yes'"):
+        SafeA2C("MlpPolicy", env, policy_kwargs=dict(normalize_observations="yes"))
+
+
 @pytest.mark.parametrize(("stock", "safe"), [(PPO, KLAdaptivePPO), (A2C, SafeA2C)])
 def test_checkpoints_load_with_the_normalization_they_were_trained_with(stock: type, safe: type, tmp_path: Any) -> None:
     """A checkpoint trained on raw observations (a stock one, or from before the setting) loads without the normalizer
