@@ -10,7 +10,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from sb3_safe.common.numerics import ArrayFiniteCheck, FlatCopy, GradientNorm, TensorFiniteCheck, find_nonfinite
+from sb3_safe.common.numerics import (
+    ArrayFiniteCheck,
+    DerivedOnChange,
+    FlatCopy,
+    GradientNorm,
+    TensorFiniteCheck,
+    find_nonfinite,
+)
 
 EXTREMES = st.sampled_from([0.0, -0.0, 1e-45, 1e30, -1e30, 3.4e38, -3.4e38, 1.7e308, math.inf, -math.inf, math.nan])
 
@@ -181,3 +188,55 @@ def test_flat_copy_equal_to_compares_exactly_the_named_tensors(
         second.update()
         assert first.equal_to(second, names) == (f"t{changed}" not in names)
         assert first.equal_to(second, {f"t{changed}"}) is False
+
+
+# ----- values derived once per change of their sources -----
+
+
+class CountingSum:
+    """A derivation that counts its calls: the sum of its tensors, as a float64 tensor on their device."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, *sources: th.Tensor) -> th.Tensor:
+        self.calls += 1
+        return sum(source.double().sum() for source in sources)
+
+
+def test_a_derived_value_is_derived_once_while_its_sources_keep_their_values() -> None:
+    mean, var = th.zeros(3, dtype=th.float64), th.ones(3, dtype=th.float64)
+    derive = CountingSum()
+    derived = DerivedOnChange(derive)
+    assert derived.get(mean, var).item() == 3.0 and derive.calls == 1
+    for _ in range(5):
+        assert derived.get(mean, var).item() == 3.0
+    # a copy with the same values, a write of the same values: unchanged
+    derived.get(mean.clone(), var.clone())
+    var.copy_(th.ones(3))
+    assert derived.get(mean, var).item() == 3.0 and derive.calls == 1
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_derived_value_follows_every_kind_of_change_of_its_sources(device: str) -> None:
+    mean, var = th.zeros(3, dtype=th.float64, device=device), th.ones(3, dtype=th.float64, device=device)
+    derive = CountingSum()
+    derived = DerivedOnChange(derive)
+    derived.get(mean, var)
+    # in place, as an optimizer or merge_moments_into writes
+    mean.add_(1.0)
+    assert derived.get(mean, var).item() == 6.0 and derive.calls == 2
+    # through .data, outside autograd's version counters, as a rollback restores
+    version = var._version
+    var.data.copy_(th.full((3,), 2.0, dtype=th.float64))
+    assert var._version == version
+    assert derived.get(mean, var).item() == 9.0 and derive.calls == 3
+    # one element of the second source only
+    var[2] = 3.0
+    assert derived.get(mean, var).item() == 10.0 and derive.calls == 4
+    # the same values in another dtype (a module's .float()): derived again, in the new dtype's terms
+    assert derived.get(mean.float(), var).item() == 10.0 and derive.calls == 5
+    assert derived.get(mean, var).item() == 10.0 and derive.calls == 6
+    # the same values on the CPU where they were on an accelerator (a module's .to(device))
+    if device != "cpu":
+        assert derived.get(mean.cpu(), var.cpu()).device.type == "cpu" and derive.calls == 7

@@ -1,11 +1,14 @@
 """Finiteness checks and the error they raise, and running statistics, shared by policies, algorithms and callbacks."""
 
 import math
-from collections.abc import Container, Iterable, Sequence
+from collections.abc import Callable, Container, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 import numpy as np
 import torch as th
+
+Derived = TypeVar("Derived")
 
 
 class NonFiniteError(FloatingPointError):
@@ -51,6 +54,40 @@ def merge_moments_into(
     var.mul_(first_count / total).add_(other_var, alpha=other_count / total)
     var.addcmul_(delta, delta, value=first_count * other_count / total**2)
     count.fill_(total)
+
+
+class DerivedOnChange(Generic[Derived]):
+    """
+    A value derived from some tensors (a module's statistics), derived again only when their values change: forward
+    passes that read it at every call pay one comparison per tensor, not the derivation. Compared by value, not by
+    version, because a rollback writes the tensors outside autograd's version counters; a move to another device or
+    dtype (``.to()``, which replaces a module's buffers) is a change too. A plain object, not buffers: a module's
+    buffers are looked up by ``Module.__getattr__``, slow at every call.
+
+    :param derive: computes the value from the tensors, in the order :meth:`get` receives them
+    """
+
+    def __init__(self, derive: Callable[..., Derived]) -> None:
+        self.derive = derive
+        #: copies of the tensors the value was derived from, and the value
+        self._sources: tuple[th.Tensor, ...] = ()
+        self._value: Derived | None = None
+
+    def get(self, *sources: th.Tensor) -> Derived:
+        """
+        :param sources: the tensors, current values
+        :return: the value derived from them
+        """
+        if self._value is None or not self._unchanged(sources):
+            self._value = self.derive(*sources)
+            self._sources = tuple(source.clone() for source in sources)
+        return self._value
+
+    def _unchanged(self, sources: tuple[th.Tensor, ...]) -> bool:
+        for source, copy in zip(sources, self._sources, strict=True):
+            if source.dtype is not copy.dtype or source.device != copy.device or not th.equal(source, copy):
+                return False
+        return True
 
 
 def count_nonfinite(tensor: th.Tensor) -> tuple[int, int, int]:

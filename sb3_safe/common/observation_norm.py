@@ -17,7 +17,6 @@ once per change of the statistics.
 """
 
 import math
-from collections.abc import Callable
 from typing import Any, Literal, NamedTuple
 
 import numpy as np
@@ -27,7 +26,7 @@ from stable_baselines3.common.preprocessing import is_image_space
 from stable_baselines3.common.vec_env import VecEnv, unwrap_vec_normalize
 from torch import nn
 
-from sb3_safe.common.numerics import merge_moments_into
+from sb3_safe.common.numerics import DerivedOnChange, merge_moments_into
 
 #: The least variance the observations are scaled by: a constant observation maps to zero, not to inf
 MIN_VARIANCE = 1e-8
@@ -131,30 +130,12 @@ class ObservationNormalizer(nn.Module):
             self.register_buffer(f"{prefix}_var", th.ones(shape, dtype=th.float64))
             self.register_buffer(f"{prefix}_count", th.zeros((), dtype=th.float64))
         self.shape = shape
-        self._derive_shift_and_scale()
+        #: what forward applies: the float32 shift and scale, and whether they are applied in float64 instead
+        self._shift_and_scale = DerivedOnChange(_shift_and_scale)
         #: observations observed and not yet folded into the pending statistics
         self.kept = KeptRows(shape)
         # What is saved (model.save(), a checkpoint mid-rollout) includes every observation observed
         self.register_state_dict_pre_hook(_fold_before_saving)
-
-    def _derive_shift_and_scale(self) -> None:
-        # A plain attribute, not buffers: forward reads it at every call, and a buffer is looked up by Module.__getattr__
-        std = th.sqrt(self.obs_var.clamp(min=MIN_VARIANCE))
-        #: what forward applies: the statistics it was derived from, the float32 shift and scale, whether they are
-        #: applied in float64 instead
-        self._derived = _ShiftAndScale(
-            self.obs_mean.clone(),
-            self.obs_var.clone(),
-            self.obs_mean.float(),
-            (1.0 / std).float(),
-            bool(std.max() > FLOAT32_STD_LIMIT),
-        )
-
-    def _apply(self, fn: Callable[[th.Tensor], th.Tensor], recurse: bool = True) -> "ObservationNormalizer":
-        # .to(device), .double() and the like replace the buffers: derive again from the new ones
-        super()._apply(fn, recurse)
-        self._derive_shift_and_scale()
-        return self
 
     def forward(self, obs: th.Tensor) -> th.Tensor:
         """
@@ -163,11 +144,7 @@ class ObservationNormalizer(nn.Module):
             observations computed in float32 from the float64 statistics: a rounding of the mean of at most half a unit
             of the observations' own last place
         """
-        # Compared by value, not by version: a rollback writes the statistics outside autograd's version counters
-        derived = self._derived
-        if not (th.equal(self.obs_mean, derived.mean) and th.equal(self.obs_var, derived.var)):
-            self._derive_shift_and_scale()
-            derived = self._derived
+        derived = self._shift_and_scale.get(self.obs_mean, self.obs_var)
         if obs.dtype == th.float32 and not derived.in_float64:
             return ((obs - derived.shift) * derived.scale).clamp_(-CLIP, CLIP)
         scaled = (obs.double() - self.obs_mean) / th.sqrt(self.obs_var.clamp(min=MIN_VARIANCE))
@@ -277,11 +254,14 @@ class KeptRows:
 
 
 class _ShiftAndScale(NamedTuple):
-    mean: th.Tensor
-    var: th.Tensor
     shift: th.Tensor
     scale: th.Tensor
     in_float64: bool
+
+
+def _shift_and_scale(mean: th.Tensor, var: th.Tensor) -> _ShiftAndScale:
+    std = th.sqrt(var.clamp(min=MIN_VARIANCE))
+    return _ShiftAndScale(mean.float(), (1.0 / std).float(), bool(std.max() > FLOAT32_STD_LIMIT))
 
 
 def _fold_before_saving(module: nn.Module, prefix: str, keep_vars: bool) -> None:

@@ -34,7 +34,7 @@ from stable_baselines3.common.vec_env import VecEnv, unwrap_vec_normalize
 from torch import nn
 from torch.nn import functional as F
 
-from sb3_safe.common.numerics import merge_moments_into
+from sb3_safe.common.numerics import DerivedOnChange, merge_moments_into
 
 #: The least standard deviation the returns are scaled by: returns that are all equal scale to zero, not to inf
 MIN_STD = 1e-8
@@ -74,27 +74,13 @@ class PopArtValueHead(nn.Module):
         self.register_buffer("return_count", th.zeros((), dtype=th.float64, device=device))
         #: whether :meth:`forward` returns normalized values (inside :func:`normalized_values`) or values in reward units
         self.normalized_output = False
-        self._derive_output_scale()
-
-    def _derive_output_scale(self) -> None:
-        # A plain attribute, not a buffer: forward reads it at every call (a buffer is looked up by Module.__getattr__)
-        #: the statistics the scale was derived from, and the scale: the returns' std, 0 before the first update
-        self._output_scale = (
-            self.return_var.clone(),
-            self.return_count.clone(),
-            th.where(self.return_count > 0, self.return_std, th.zeros_like(self.return_std)),
-        )
-
-    def _apply(self, fn: Any, recurse: bool = True) -> "PopArtValueHead":
-        # .to(device) and the like replace the buffers: derive again from the new ones
-        super()._apply(fn, recurse)
-        self._derive_output_scale()
-        return self
+        #: what forward scales the normalized values by: the returns' std, 0 before the first update
+        self._output_scale = DerivedOnChange(_output_scale)
 
     @property
     def return_std(self) -> th.Tensor:
         """The standard deviation the returns are scaled by (float64), at least :data:`MIN_STD`."""
-        return self.return_var.clamp(min=0.0).sqrt().clamp(min=MIN_STD)
+        return _return_std(self.return_var)
 
     def forward(self, latent: th.Tensor) -> th.Tensor:
         """
@@ -104,12 +90,8 @@ class PopArtValueHead(nn.Module):
         normalized = F.linear(latent, self.weight, self.bias)
         if self.normalized_output:
             return normalized
-        # Derived once per change of the statistics, compared by value (a rollback writes them outside autograd's
-        # version counters): a value per rollout step costs a few operations, not a dozen
-        source_var, source_count, scale = self._output_scale
-        if not (th.equal(self.return_var, source_var) and th.equal(self.return_count, source_count)):
-            self._derive_output_scale()
-            scale = self._output_scale[2]
+        # Derived once per change of the statistics: a value per rollout step costs a few operations, not a dozen
+        scale = self._output_scale.get(self.return_var, self.return_count)
         # In float64: the statistics of returns near float32's range must not round or overflow on the way
         return th.addcmul(self.return_mean, normalized.double(), scale).to(normalized.dtype)
 
@@ -160,6 +142,15 @@ class PopArtValueHead(nn.Module):
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+def _return_std(return_var: th.Tensor) -> th.Tensor:
+    return return_var.clamp(min=0.0).sqrt().clamp(min=MIN_STD)
+
+
+def _output_scale(return_var: th.Tensor, return_count: th.Tensor) -> th.Tensor:
+    std = _return_std(return_var)
+    return th.where(return_count > 0, std, th.zeros_like(std))
 
 
 def install_value_normalization(policy: ActorCriticPolicy) -> PopArtValueHead:
