@@ -146,7 +146,7 @@ class ObservationNormalizer(nn.Module):
         """
         derived = self._shift_and_scale.get(self.obs_mean, self.obs_var)
         if obs.dtype == th.float32 and not derived.in_float64:
-            return ((obs - derived.shift) * derived.scale).clamp_(-CLIP, CLIP)
+            return obs.sub(derived.shift).mul_(derived.scale).clamp_(-CLIP, CLIP)
         scaled = (obs.double() - self.obs_mean) / th.sqrt(self.obs_var.clamp(min=MIN_VARIANCE))
         return scaled.clamp(-CLIP, CLIP).to(obs.dtype)
 
