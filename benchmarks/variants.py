@@ -32,7 +32,8 @@ class Variant:
     :param normalize_value: the safe algorithm's ``normalize_value`` ("(normalize_value)" in a name: True); None: its
         default
     :param normalize_observations: the safe policy's ``normalize_observations`` (sb3-safe's policies only); None: its
-        default (``"auto"``)
+        default (``"auto"``), and ``False`` for a safe policy under a stock algorithm in an env whose ``VecNormalize``
+        normalizes the observations, as ``zoo_configs/`` sets it (the safe algorithms decide that themselves)
     """
 
     name: str
@@ -157,6 +158,7 @@ def build_model(variant: Variant, env: Any, seed: int, kwargs: dict[str, Any]) -
 
     from sb3_safe import KLAdaptivePPO, SafeA2C, SafeMaskableMlpPolicy, SafeMlpLstmPolicy, SafeMlpPolicy
     from sb3_safe.common.distributions import DEFAULT_LOG_STD_RANGE
+    from sb3_safe.common.observation_norm import observations_normalized
 
     classes = {
         "PPO": PPO,
@@ -189,10 +191,12 @@ def build_model(variant: Variant, env: Any, seed: int, kwargs: dict[str, Any]) -
         if variant.algo not in SAFE_ALGORITHM_CLASSES:
             raise ValueError(f"variant {variant.name}: normalize_value is a keyword of KLAdaptivePPO and SafeA2C only")
         kwargs = {**kwargs, "normalize_value": variant.normalize_value}
-    if variant.normalize_observations is not None:
-        if not (variant.safe_policy or variant.algo in SAFE_ALGORITHM_CLASSES):
-            raise ValueError(f"variant {variant.name}: normalize_observations is a keyword of sb3-safe's policies only")
-        setting = variant.normalize_observations
+    setting = variant.normalize_observations
+    if setting is not None and not (variant.safe_policy or variant.algo in SAFE_ALGORITHM_CLASSES):
+        raise ValueError(f"variant {variant.name}: normalize_observations is a keyword of sb3-safe's policies only")
+    if setting is None and variant.safe_policy and observations_normalized(env):
+        setting = False  # normalized once, by VecNormalize
+    if setting is not None:
         kwargs = {**kwargs, "policy_kwargs": {**kwargs.get("policy_kwargs", {}), "normalize_observations": setting}}
     model = classes[variant.algo](policy, env, seed=seed, device="cpu", verbose=0, **kwargs)
     if variant.sbx_lr:

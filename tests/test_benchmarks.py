@@ -1,5 +1,6 @@
 """The benchmark harness runs end to end at a tiny budget (the numbers are not checked, only their shape)."""
 
+import dataclasses
 import importlib
 import json
 from collections.abc import Callable
@@ -228,3 +229,22 @@ def test_the_capped_stack_may_lower_the_tuned_rate_never_raise_it() -> None:
     planned = full_budget.planned_runs(list(full_budget.ENVS), list(full_budget.VARIANTS), [0])
     assert {env for env, variant, _ in planned if variant == full_budget.STACK_CAPPED} == set(full_budget.CAPPED_ENVS)
     assert {env for env, variant, _ in planned if variant == full_budget.STACK} == set(full_budget.ENVS)
+
+
+@pytest.mark.parametrize("name", ["PPO+SafeMlpPolicy", "A2C+SafeMlpPolicy", "KLAdaptivePPO", "SafeA2C"])
+def test_benchmark_models_normalize_observations_once(name: str) -> None:
+    """As zoo_configs/ does: a safe policy normalizes observations unless the env's VecNormalize already does."""
+    from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.vec_env import VecNormalize
+
+    variant = variants.VARIANTS[name]
+    for vec_normalize in (None, {"norm_obs": True}, {"norm_obs": False}):
+        env = make_vec_env("Pendulum-v1", n_envs=1, seed=0)
+        if vec_normalize is not None:
+            env = VecNormalize(env, **vec_normalize)
+        model = variants.build_model(variant, env, seed=0, kwargs={})
+        normalized_by_env = vec_normalize is not None and vec_normalize["norm_obs"]
+        assert hasattr(model.policy, "observation_normalizer") is not normalized_by_env
+    pinned = dataclasses.replace(variants.VARIANTS[name], normalize_observations=True)
+    model = variants.build_model(pinned, VecNormalize(make_vec_env("Pendulum-v1", n_envs=1, seed=0)), seed=0, kwargs={})
+    assert hasattr(model.policy, "observation_normalizer")
