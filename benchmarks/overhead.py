@@ -43,6 +43,8 @@ VARIANTS = (
     "KLAdaptivePPO+KL-lr",
     "A2C+KL-lr",
     "SafeA2C+KL-lr",
+    "KLAdaptivePPO(no normalization)",
+    "SafeA2C(no normalization)",
 )
 #: sb3-contrib's algorithms: stock, with the safe policy, with the guard (stock policy), with the adaptive lr
 CONTRIB_VARIANTS = {
@@ -73,6 +75,9 @@ COMPARISONS = (
     ("PPO+SafeMlpPolicy", "PPO(foreach)", 1.03),
     ("KLAdaptivePPO", "PPO(foreach)", 1.03),
     ("SafeA2C", "A2C(foreach)", 1.03),
+    # the same without the observation and value normalizations that are on by default: the cost of the rest
+    ("KLAdaptivePPO(no normalization)", "PPO", 1.03),
+    ("SafeA2C(no normalization)", "A2C", 1.03),
     *(
         (f"{algo}{mode}", algo, 1.02)
         for algo in ("PPO", "KLAdaptivePPO", "A2C", "SafeA2C", "RecurrentPPO", "MaskablePPO", *variants.OFF_POLICY)

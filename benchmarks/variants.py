@@ -115,6 +115,11 @@ VARIANTS = {
         # Value-target normalization (issue 39): is it free where the reward scale is already right?
         Variant("KLAdaptivePPO(normalize_value)", "KLAdaptivePPO", normalize_value=True),
         Variant("SafeA2C(normalize_value)", "SafeA2C", normalize_value=True),
+        # What the two normalizations on by default cost (overhead): the safe algorithms without them
+        *(
+            Variant(f"{algo}(no normalization)", algo, normalize_value=False, normalize_observations=False)
+            for algo in SAFE_ALGORITHM_CLASSES
+        ),
         Variant("RecurrentPPO(target_kl=0.01)", "RecurrentPPO", target_kl=0.01),
         Variant("RecurrentPPO+SafeMlpLstmPolicy+KL-lr", "RecurrentPPO", safe_policy=True, adaptive_lr=True),
         Variant("MaskablePPO+SafeMaskableMlpPolicy+KL-lr", "MaskablePPO", safe_policy=True, adaptive_lr=True),
