@@ -823,7 +823,7 @@ EQUIVALENT: dict[str, str] = {
         "continue_training=False before reading any field but continue_training (n_episodes is never read there), and"
         " the stand-in is removed at the end of learn(), so the second number is unobservable."
     ),
-    "sb3_safe/a2c_safe/a2c_safe.py:core/NumberReplacer:29@d90326668a09": (
+    "sb3_safe/a2c_safe/a2c_safe.py:core/NumberReplacer:29@a150e3909f70": (
         "The forward hook is registered on action_net only around the single evaluate_actions call of train(), and "
         "every actor-critic policy SafeA2C accepts (SB3's and sb3-safe's Mlp/Cnn/MultiInput) calls action_net exactly"
         " once there, so raw_outputs always holds one tensor and raw_outputs[0] is raw_outputs[-1]."
@@ -834,22 +834,22 @@ EQUIVALENT: dict[str, str] = {
         "0.99999994, INNER_LIMIT itself); the log-prob's clamp feeds only the density branch, which th.where does not "
         "select at +-1. The clamp guards other backends' tanh roundings."
     ),
-    "sb3_safe/ppo_kl/ppo_kl.py:core/NumberReplacer:0@3842b87f2bb2": (
+    "sb3_safe/ppo_kl/ppo_kl.py:core/NumberReplacer:0@42117c5ddd88": (
         "_MEASURE_BATCH_SIZE 1024 -> 1025 only regroups the rollout into other no-gradient measuring batches (one"
         " permutation is drawn whatever the batch size, and in evaluation mode each row's KL does not depend on its"
         " batch), so the weighted mean sum(mean_b * n_b) / N is the same up to float rounding (summation order,"
         " matmul blocking, the per-batch clamp at 0 of a mean that rounding made negative): equivalent up to rounding."
     ),
-    "sb3_safe/ppo_kl/ppo_kl.py:core/NumberReplacer:1@3842b87f2bb2": (
+    "sb3_safe/ppo_kl/ppo_kl.py:core/NumberReplacer:1@42117c5ddd88": (
         "_MEASURE_BATCH_SIZE 1024 -> 1023: as 1025, the same exact mean over the rollout from batches of another size,"
         " equal up to float rounding (summation order, matmul blocking): equivalent up to rounding."
     ),
-    "sb3_safe/ppo_kl/ppo_kl.py:core/NumberReplacer:60@3842b87f2bb2": (
+    "sb3_safe/ppo_kl/ppo_kl.py:core/NumberReplacer:60@42117c5ddd88": (
         "The initial last_epoch_start is a dead store: every epoch overwrites it with len(minibatch_stats) before"
         " anything reads it, and with n_epochs=0 (no epoch) train() raises the same RuntimeError (th.stack of no rows)"
         " before the line that reads it, whatever its initial value."
     ),
-    "sb3_safe/ppo_kl/ppo_kl.py:core/NumberReplacer:61@3842b87f2bb2": (
+    "sb3_safe/ppo_kl/ppo_kl.py:core/NumberReplacer:61@42117c5ddd88": (
         "The initial last_epoch_start is a dead store: every epoch overwrites it before it is read, and with"
         " n_epochs=0 train() raises the same RuntimeError (th.stack of no rows) before reading it."
     ),
