@@ -4,8 +4,9 @@ map's ``PPO+SafeMlpPolicy+guard+KL-lr`` rows at the tuned learning rate (x1; eve
 the adaptive lr caps them alike), with ``normalize_observations`` on (the default) and off, at rl-zoo's full budget of
 100,000 steps instead of the map's 49,152; the map's seeds and entropy coefficients, the same evaluation.
 
-Usage: ``python -m benchmarks.observation_norm_budget [--out DIR]`` (about 20 CPU-minutes; one row per run appended to
-``observation_norm_budget.jsonl``, runs already there skipped); ``--report`` prints the mean final return per way.
+Usage: ``python -m benchmarks.observation_norm_budget [--out DIR] [--way WAY]`` (about 20 CPU-minutes; one row per
+run appended to ``observation_norm_budget.jsonl``, runs already there skipped; one process per ``--way`` to use two
+cores); ``--report`` prints the mean final return per way.
 """
 
 import argparse
@@ -27,6 +28,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=reports.RESULTS)
     parser.add_argument("--report", action="store_true")
+    parser.add_argument("--way", choices=list(WAYS), action="append", help="only these ways (default: both)")
     args = parser.parse_args(argv)
     path = args.out / "observation_norm_budget.jsonl"
     rows = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
@@ -40,7 +42,7 @@ def main(argv: list[str] | None = None) -> None:
     for ent_coef in robustness.ent_coefs(task, "full"):
         for seed in robustness.SEEDS["full"]:
             for way, setting in WAYS.items():
-                if (way, ent_coef, seed) in done:
+                if (way, ent_coef, seed) in done or (args.way and way not in args.way):
                     continue
                 # The map's cell at x1, trained for rl-zoo's budget
                 config = robustness.cell_config(task, 1.0, ent_coef, "full")
