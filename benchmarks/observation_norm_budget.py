@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> None:
                 config = robustness.cell_config(task, 1.0, ent_coef, "full")
                 variant = dataclasses.replace(variants.VARIANTS[VARIANT], normalize_observations=setting)
                 row = training.train(variant, TASK, config, TIMESTEPS, seed, robustness.EVAL_EPISODES["full"])
-                row.update(way=way, timesteps=TIMESTEPS, commit=suite._git_commit())
+                row.update(way=way, ent_coef=ent_coef, timesteps=TIMESTEPS, commit=suite._git_commit())
                 suite.write_jsonl(path, [row], mode="a")
                 print(f"[budget] {way} ent_coef={ent_coef} seed={seed} final_return={row['final_return']:.1f}", flush=True)
 
