@@ -37,6 +37,7 @@ def main(argv: list[str] | None = None) -> None:
             returns = [row["final_return"] for row in rows if row["way"] == way]
             print(f"{way}: {len(returns)} runs, mean {statistics.mean(returns):.1f}, runs {sorted(returns)}")
         return
+    suite._init_worker()  # one torch thread, as the map's runs
     task = robustness.TASKS[TASK]
     done = {(row["way"], row["ent_coef"], row["seed"]) for row in rows}
     for ent_coef in robustness.ent_coefs(task, "full"):
