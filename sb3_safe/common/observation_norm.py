@@ -130,7 +130,7 @@ class ObservationNormalizer(nn.Module):
             self.register_buffer(f"{prefix}_var", th.ones(shape, dtype=th.float64))
             self.register_buffer(f"{prefix}_count", th.zeros((), dtype=th.float64))
         self.shape = shape
-        #: what forward applies: the float32 shift and scale, and whether they are applied in float64 instead
+        #: what forward applies: the float32 shift and scale (or the float64 std), and which of them
         self._shift_and_scale = DerivedOnChange(_shift_and_scale)
         #: observations observed and not yet folded into the pending statistics
         self.kept = KeptRows(shape)
@@ -147,7 +147,7 @@ class ObservationNormalizer(nn.Module):
         derived = self._shift_and_scale.get(self.obs_mean, self.obs_var)
         if obs.dtype == th.float32 and not derived.in_float64:
             return obs.sub(derived.shift).mul_(derived.scale).clamp_(-CLIP, CLIP)
-        scaled = (obs.double() - self.obs_mean) / th.sqrt(self.obs_var.clamp(min=MIN_VARIANCE))
+        scaled = (obs.double() - self.obs_mean) / derived.std
         return scaled.clamp(-CLIP, CLIP).to(obs.dtype)
 
     def features_extractor_pre_hook(self, module: nn.Module, args: tuple[th.Tensor, ...]) -> tuple[th.Tensor, ...]:
@@ -256,12 +256,14 @@ class KeptRows:
 class _ShiftAndScale(NamedTuple):
     shift: th.Tensor
     scale: th.Tensor
+    #: the statistics' std, for the float64 formula
+    std: th.Tensor
     in_float64: bool
 
 
 def _shift_and_scale(mean: th.Tensor, var: th.Tensor) -> _ShiftAndScale:
     std = th.sqrt(var.clamp(min=MIN_VARIANCE))
-    return _ShiftAndScale(mean.float(), (1.0 / std).float(), bool(std.max() > FLOAT32_STD_LIMIT))
+    return _ShiftAndScale(mean.float(), (1.0 / std).float(), std, bool(std.max() > FLOAT32_STD_LIMIT))
 
 
 def _fold_before_saving(module: nn.Module, prefix: str, keep_vars: bool) -> None:
