@@ -35,7 +35,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.report:
         for way in WAYS:
             returns = [row["final_return"] for row in rows if row["way"] == way]
-            print(f"{way}: {len(returns)} runs, mean {statistics.mean(returns):.1f}, runs {sorted(returns)}")
+            mean = f"mean {statistics.mean(returns):.1f}, " if returns else ""
+            print(f"{way}: {len(returns)} runs, {mean}runs {sorted(returns)}")
         return
     suite._init_worker()  # one torch thread, as the map's runs
     task = robustness.TASKS[TASK]
