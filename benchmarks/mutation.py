@@ -172,60 +172,60 @@ HAND_TESTS = ["tests/test_promises.py"]
 #: Survivors that change no behaviour, by row key (``module:operator:occurrence@source``: a changed source is triaged
 #: again), with why
 EQUIVALENT: dict[str, str] = {
-    "sb3_safe/common/observation_norm.py:core/ReplaceBinaryOperator_Pow_Mul:0@45d71031b1d9": (
+    "sb3_safe/common/observation_norm.py:core/ReplaceBinaryOperator_Pow_Mul:0@54dab1d5da5c": (
         "KEPT_ELEMENTS bounds the memory of observations kept: the statistics are the same at any bound (a full block "
         "is folded before more rows are copied in, a larger batch gets a block of its own), and the tests read the "
         "constant."
     ),
-    "sb3_safe/common/observation_norm.py:core/ReplaceComparisonOperator_Gt_GtE:0@45d71031b1d9": (
+    "sb3_safe/common/observation_norm.py:core/ReplaceComparisonOperator_Gt_GtE:0@54dab1d5da5c": (
         "At a largest std of exactly FLOAT32_STD_LIMIT (1e30) both paths are exact to rounding: the float32 scale "
         "1e-30 is a normal number, and obs - mean cannot overflow float32 where the result is not clipped anyway."
     ),
-    "sb3_safe/common/observation_norm.py:core/NumberReplacer:6@45d71031b1d9": (
+    "sb3_safe/common/observation_norm.py:core/NumberReplacer:6@54dab1d5da5c": (
         "KEPT_ELEMENTS bounds the memory of observations kept: the statistics are the same at any bound (a full block "
         "is folded before more rows are copied in, a larger batch gets a block of its own), and the tests read the "
         "constant."
     ),
-    "sb3_safe/common/observation_norm.py:core/NumberReplacer:7@45d71031b1d9": (
+    "sb3_safe/common/observation_norm.py:core/NumberReplacer:7@54dab1d5da5c": (
         "KEPT_ELEMENTS bounds the memory of observations kept: the statistics are the same at any bound (a full block "
         "is folded before more rows are copied in, a larger batch gets a block of its own), and the tests read the "
         "constant."
     ),
-    "sb3_safe/common/observation_norm.py:core/NumberReplacer:8@45d71031b1d9": (
+    "sb3_safe/common/observation_norm.py:core/NumberReplacer:8@54dab1d5da5c": (
         "The mutant writes 1e+30 for 1e30: the same float."
     ),
-    "sb3_safe/common/observation_norm.py:core/NumberReplacer:9@45d71031b1d9": (
+    "sb3_safe/common/observation_norm.py:core/NumberReplacer:9@54dab1d5da5c": (
         "The mutant writes 1e+30 for 1e30: the same float."
     ),
-    "sb3_safe/common/observation_norm.py:core/NumberReplacer:11@45d71031b1d9": (
+    "sb3_safe/common/observation_norm.py:core/NumberReplacer:11@54dab1d5da5c": (
         "SB3's features extractors are called with the observations alone: args holds one tensor, args[-1] is args[0]."
     ),
-    "sb3_safe/common/observation_norm.py:core/NumberReplacer:12@45d71031b1d9": (
+    "sb3_safe/common/observation_norm.py:core/NumberReplacer:12@54dab1d5da5c": (
         "SB3's features extractors are called with the observations alone: args[1:] and args[2:] are both empty."
     ),
-    "sb3_safe/common/observation_norm.py:core/NumberReplacer:32@45d71031b1d9": (
+    "sb3_safe/common/observation_norm.py:core/NumberReplacer:32@54dab1d5da5c": (
         "The pending variance is reset with a count of 0, which weights it by 0 in the next merge: any finite reset "
         "value gives the same statistics."
     ),
-    "sb3_safe/common/observation_norm.py:core/NumberReplacer:33@45d71031b1d9": (
+    "sb3_safe/common/observation_norm.py:core/NumberReplacer:33@54dab1d5da5c": (
         "The pending variance is reset with a count of 0, which weights it by 0 in the next merge: any finite reset "
         "value gives the same statistics."
     ),
-    "sb3_safe/common/observation_norm.py:core/NumberReplacer:34@45d71031b1d9": (
+    "sb3_safe/common/observation_norm.py:core/NumberReplacer:34@54dab1d5da5c": (
         "The least capacity only bounds memory (a block of 1 or 2 rows): KEPT_ELEMENTS bounds the memory of "
         "observations kept: the statistics are the same at any bound (a full block is folded before more rows are "
         "copied in, a larger batch gets a block of its own), and the tests read the constant."
     ),
-    "sb3_safe/common/observation_norm.py:core/NumberReplacer:35@45d71031b1d9": (
+    "sb3_safe/common/observation_norm.py:core/NumberReplacer:35@54dab1d5da5c": (
         "A capacity of 0 still allocates a block of the batch's size (add() takes the larger), so every row is kept and"
         " folded: the same statistics."
     ),
-    "sb3_safe/common/observation_norm.py:core/NumberReplacer:36@45d71031b1d9": (
+    "sb3_safe/common/observation_norm.py:core/NumberReplacer:36@54dab1d5da5c": (
         "Dividing by max(2, n) instead of max(1, n) only halves the capacity of a 1-element observation: KEPT_ELEMENTS "
         "bounds the memory of observations kept: the statistics are the same at any bound (a full block is folded "
         "before more rows are copied in, a larger batch gets a block of its own), and the tests read the constant."
     ),
-    "sb3_safe/common/observation_norm.py:core/NumberReplacer:37@45d71031b1d9": (
+    "sb3_safe/common/observation_norm.py:core/NumberReplacer:37@54dab1d5da5c": (
         "max(0, n) differs from max(1, n) only for an observation of 0 elements, which no Box a policy is built with has."
     ),
     "sb3_safe/common/kl.py:core/ReplaceComparisonOperator_Gt_GtE:0@134ad189f87a": (
