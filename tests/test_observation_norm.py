@@ -6,6 +6,7 @@ doctor's weights; refused for spaces it cannot normalize, and nothing changed wh
 """
 
 import math
+import warnings
 from typing import Any
 
 import gymnasium as gym
@@ -18,10 +19,19 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sb3_contrib import MaskablePPO, RecurrentPPO
 from stable_baselines3 import A2C, PPO
-from stable_baselines3.common.callbacks import BaseCallback
+from stable_baselines3.common.callbacks import BaseCallback, EvalCallback
+from stable_baselines3.common.evaluation import evaluate_policy
 from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
 
-from sb3_safe import KLAdaptivePPO, NonFiniteGuardCallback, SafeA2C, SafeMlpPolicy
+from sb3_safe import (
+    KLAdaptiveLRCallback,
+    KLAdaptivePPO,
+    NonFiniteError,
+    NonFiniteGuardCallback,
+    SafeA2C,
+    SafeCnnPolicy,
+    SafeMlpPolicy,
+)
 from sb3_safe.common.maskable import SafeMaskableMlpPolicy
 from sb3_safe.common.observation_norm import CLIP, KEPT_ELEMENTS, STATISTICS, ObservationNormalizer
 from sb3_safe.common.recurrent import SafeMlpLstmPolicy
@@ -65,18 +75,21 @@ batches = st.lists(st.lists(finite32, min_size=3, max_size=3), min_size=1, max_s
 @settings(max_examples=200, deadline=None)
 @given(st.lists(batches, min_size=1, max_size=4), st.lists(st.lists(st.floats(width=32), min_size=3, max_size=3)))
 def test_outputs_are_finite_and_clipped_for_any_input(observed: list[list[list[float]]], inputs: list[list[float]]) -> None:
-    """Statistics of any finite observations (up to float32's range), any input (inf and NaN rows aside): finite,
-    within [-CLIP, CLIP]."""
+    """Statistics of any finite observations (up to float32's range), any input: finite and within [-CLIP, CLIP] where
+    the input is finite, NaN where it is not (an inf observation is not clipped into a plausible value: the network's
+    output check names it), in float32 and in float64."""
     normalizer = ObservationNormalizer((3,))
     for batch in observed:
         normalizer.observe(th.tensor(batch, dtype=th.float32))
         normalizer.commit()
-    values = th.tensor(inputs or [[0.0, 0.0, 0.0]], dtype=th.float32)
-    out = normalizer(values)
-    assert out.dtype == th.float32
-    finite_in = ~th.isnan(values)
-    assert th.isfinite(out[finite_in]).all()
-    assert (out[finite_in].abs() <= CLIP).all()
+    for dtype in (th.float32, th.float64):
+        values = th.tensor(inputs or [[0.0, 0.0, 0.0]], dtype=dtype)
+        out = normalizer(values)
+        assert out.dtype == dtype
+        finite_in = th.isfinite(values)
+        assert th.isfinite(out[finite_in]).all()
+        assert (out[finite_in].abs() <= CLIP).all()
+        assert th.isnan(out[~finite_in]).all()
 
 
 @settings(max_examples=200, deadline=None)
@@ -154,11 +167,13 @@ def test_forward_follows_statistics_written_any_way() -> None:
 
 
 def test_before_any_statistics_observations_pass_clipped() -> None:
-    """Clipped at 10, VecNormalize's default ``clip_obs``; a commit of nothing observed changes nothing."""
+    """Clipped at 10, VecNormalize's default ``clip_obs``; a commit of nothing observed changes nothing; an inf is not
+    clipped to 10 but passed on as NaN."""
     normalizer = ObservationNormalizer((2,))
     normalizer.commit()
-    out = normalizer(th.tensor([[0.5, -3.0], [1e11, -math.inf]]))
-    assert out.tolist() == [[0.5, -3.0], [10.0, -10.0]]
+    out = normalizer(th.tensor([[0.5, -3.0], [1e11, -1e11], [1.0, -math.inf]]))
+    assert out[:2].tolist() == [[0.5, -3.0], [10.0, -10.0]]
+    assert out[2, 0].item() == 1.0 and math.isnan(out[2, 1].item())
 
 
 def test_a_batch_without_a_finite_row_changes_nothing() -> None:
@@ -173,16 +188,17 @@ def test_a_batch_without_a_finite_row_changes_nothing() -> None:
 
 def test_observations_are_kept_until_folded_in_one_update() -> None:
     """A step keeps a copy of its observations (the caller may reuse its array); a fold adds every kept one to the
-    pending statistics; what is saved includes them; when KEPT_ELEMENTS are kept they are folded without being asked,
-    and a batch larger than that is kept whole."""
+    pending statistics; what is saved is the statistics, not the observations kept (saving changes nothing); when
+    KEPT_ELEMENTS are kept they are folded without being asked, and a batch larger than that is kept whole."""
     normalizer = ObservationNormalizer((2,))
     reused = th.tensor([[1.0, 2.0]], dtype=th.float64)  # the statistics' own dtype: only a copy keeps it apart
     normalizer.observe(reused)
     reused.fill_(100.0)
     normalizer.observe(th.tensor([[3.0, 4.0], [5.0, 6.0]]))
     assert normalizer.pending_count.item() == 0 and normalizer.kept.count == 3
-    saved = normalizer.state_dict()
-    assert saved["pending_count"].item() == 3 and saved["pending_mean"].tolist() == [3.0, 4.0]
+    assert normalizer.state_dict()["pending_count"].item() == 0 and normalizer.kept.count == 3
+    normalizer.fold()
+    assert normalizer.pending_count.item() == 3 and normalizer.pending_mean.tolist() == [3.0, 4.0]
     assert normalizer.kept.count == 0
     capacity = KEPT_ELEMENTS // 2
     normalizer.observe(th.zeros(capacity - 1, 2))
@@ -351,8 +367,8 @@ def test_the_doctor_does_not_read_the_statistics_as_weights(tmp_path: Any) -> No
 
 @pytest.mark.parametrize(("algo", "kwargs"), FEED_FORWARD[2:])
 def test_a_rollback_restores_the_statistics(algo: type, kwargs: dict[str, Any]) -> None:
-    """A NaN written into the weights by the 3rd update: the guard restores the state after the 2nd update, in which
-    the 1st rollout's observations are the statistics and the 2nd's are pending (the 3rd's, taken in since, are
+    """A NaN written into the weights by the 3rd update: the guard restores the state its snapshot took at the start
+    of the 3rd rollout, whose statistics are those of the 1st and 2nd rollouts (the 3rd's, taken in since, are
     gone)."""
     model = make_model(algo, kwargs)
     rollout = model.n_steps * model.n_envs
@@ -363,9 +379,11 @@ def test_a_rollback_restores_the_statistics(algo: type, kwargs: dict[str, Any]) 
     model.learn(3 * rollout, callback=[guard, check])
     assert guard.n_rollbacks == 1 and guard.events[0].healthy["timestep"] == 2 * rollout
     normalizer = model.policy.observation_normalizer
-    assert (normalizer.obs_count.item(), normalizer.pending_count.item()) == (rollout, rollout)
-    np.testing.assert_allclose(normalizer.obs_mean.numpy(), check.observations[0].mean(axis=0), rtol=1e-9)
-    np.testing.assert_allclose(normalizer.pending_mean.numpy(), check.observations[1].mean(axis=0), rtol=1e-9)
+    assert (normalizer.obs_count.item(), normalizer.pending_count.item()) == (2 * rollout, 0)
+    assert normalizer.kept.count == 0
+    first_two = np.concatenate(check.observations[:2])
+    np.testing.assert_allclose(normalizer.obs_mean.numpy(), first_two.mean(axis=0), rtol=1e-9)
+    np.testing.assert_allclose(normalizer.obs_var.numpy(), first_two.var(axis=0), rtol=1e-9)
 
 
 @pytest.mark.parametrize(
@@ -394,19 +412,23 @@ def test_a_setting_other_than_true_false_or_auto_is_refused(setting: Any) -> Non
         (SafeMaskableMlpPolicy, spaces.Box(-np.inf, np.inf, (3,)), True),
         (SafeMlpPolicy, spaces.Dict({"a": spaces.Box(-1, 1, (2,))}), False),
         (SafeMlpPolicy, spaces.Box(0, 255, (36, 36, 3), np.uint8), False),
+        # A float image (normalize_images=False): a CNN reads it whole, not a pixel at a time
+        (SafeCnnPolicy, spaces.Box(0.0, 1.0, (3, 36, 36), np.float32), False),
         (SafeMaskableMlpPolicy, spaces.Discrete(4), False),
     ],
 )
 def test_auto_normalizes_box_observations_that_are_not_images(policy: type, space: spaces.Space, normalized: bool) -> None:
-    """The default: Box observations that are not images are normalized (the statistics' keys added to SB3's), others
-    are left as SB3 leaves them (SB3's keys, no hook); the decision is saved."""
-    default = policy(space, spaces.Discrete(2), lambda _: 1e-3)
-    off = policy(space, spaces.Discrete(2), lambda _: 1e-3, normalize_observations=False)
-    assert default.normalize_observations is normalized and off.normalize_observations is False
-    assert default._get_constructor_parameters()["normalize_observations"] is normalized
-    added = [key for key in default.state_dict() if key not in off.state_dict()]
+    """The policies' default is SB3's computation (SB3's keys, no hook); ``"auto"`` (the safe algorithms' default)
+    normalizes Box observations that are not images (the statistics' keys added to SB3's), leaves others as SB3 leaves
+    them; the decision is saved."""
+    extra = dict(normalize_images=False) if policy is SafeCnnPolicy else {}
+    auto = policy(space, spaces.Discrete(2), lambda _: 1e-3, normalize_observations="auto", **extra)
+    default = policy(space, spaces.Discrete(2), lambda _: 1e-3, **extra)
+    assert auto.normalize_observations is normalized and default.normalize_observations is False
+    assert auto._get_constructor_parameters()["normalize_observations"] is normalized
+    added = [key for key in auto.state_dict() if key not in default.state_dict()]
     assert added == ([f"observation_normalizer.{name}" for name in STATISTICS] if normalized else [])
-    assert not any(module._forward_pre_hooks for module in off.modules())
+    assert not any(module._forward_pre_hooks for module in default.modules())
 
 
 @pytest.mark.parametrize("algo", [SafeA2C, KLAdaptivePPO])
@@ -452,3 +474,140 @@ def test_checkpoints_load_with_the_normalization_they_were_trained_with(stock: t
     expected = trained_normalized.predict(obs, deterministic=True)[0]
     assert np.array_equal(built_without.predict(obs, deterministic=True)[0], expected)
     assert np.array_equal(safe.load(tmp_path / "normalized").predict(obs, deterministic=True)[0], expected)
+
+
+# ----- loud, frozen and exact: what a review found -----
+
+
+class InfAtStep(gym.Wrapper):
+    """CartPole-v1 whose observation at step :attr:`at` has an inf."""
+
+    at = 20
+
+    def __init__(self, env: gym.Env) -> None:
+        super().__init__(env)
+        self.steps = 0
+
+    def step(self, action: Any) -> Any:
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        self.steps += 1
+        if self.steps == self.at:
+            obs = obs.copy()
+            obs[2] = np.inf
+        return obs, reward, terminated, truncated, info
+
+
+@pytest.mark.parametrize("algo", [PPO, A2C, KLAdaptivePPO, SafeA2C])
+def test_an_inf_observation_is_named_not_clipped(algo: type) -> None:
+    """An inf observation is not clipped into a plausible 10 and dropped: the policy names it, as without the
+    normalizer (stock SB3 raises too)."""
+    model = algo(SafeMlpPolicy, InfAtStep(gym.make("CartPole-v1")), n_steps=64, policy_kwargs=ON, seed=0)
+    with pytest.raises(NonFiniteError, match=r"policy output \w+: \d+ NaN"):
+        model.learn(256)
+
+
+def test_forward_predict_and_evaluation_outside_a_rollout_change_nothing(tmp_path: Any) -> None:
+    """After learn(): a forward call (SB3's ONNX export recipe calls it), predict(), evaluate_policy and an
+    EvalCallback during training change no statistic; what is saved after them is what was saved before."""
+    model = make_model(PPO, dict(n_steps=32, batch_size=32, n_epochs=1))
+    evaluations = EvalCallback(DummyVecEnv([raw_cartpole]), eval_freq=20, n_eval_episodes=2, verbose=0)
+    check = RolloutCheck()
+    model.learn(4 * 64, callback=[evaluations, check])
+    assert check.counts == [(0.0, 64), (64, 64), (128, 64), (192, 64)]
+    normalizer = model.policy.observation_normalizer
+    before = {name: tensor.clone() for name, tensor in normalizer.state_dict().items()}
+    obs = np.stack([raw_cartpole().reset(seed=seed)[0] for seed in range(6)])
+    predicted = model.predict(obs, deterministic=True)[0]
+    model.policy(th.zeros(1, 4), deterministic=True)
+    model.policy(th.as_tensor(obs))
+    evaluate_policy(model, DummyVecEnv([raw_cartpole]), n_eval_episodes=2)
+    assert normalizer.kept.count == 0
+    for name, tensor in normalizer.state_dict().items():
+        assert th.equal(tensor, before[name]), name
+    assert np.array_equal(model.predict(obs, deterministic=True)[0], predicted)
+    model.save(tmp_path / "model")
+    loaded = PPO.load(tmp_path / "model", device="cpu")
+    for name, tensor in loaded.policy.observation_normalizer.state_dict().items():
+        assert th.equal(tensor, before[name]), name
+    assert np.array_equal(loaded.predict(obs, deterministic=True)[0], predicted)
+
+
+def test_a_partial_load_keeps_the_trained_normalizer() -> None:
+    """``load_state_dict(strict=False)`` / ``set_parameters(exact_match=False)`` of one weight into a policy whose
+    "auto" installed a normalizer (KLAdaptivePPO) keep the normalizer and its statistics: predictions unchanged."""
+    model = KLAdaptivePPO("MlpPolicy", raw_cartpole(), n_steps=32, batch_size=32, n_epochs=1, seed=0)
+    model.learn(96)
+    obs = np.stack([raw_cartpole().reset(seed=seed)[0] for seed in range(8)])
+    expected = model.policy.predict_values(th.as_tensor(obs)).detach()
+    weight = {"value_net.weight": model.policy.value_net.weight.detach().clone()}
+    model.policy.load_state_dict(weight, strict=False)
+    model.set_parameters({"policy": weight}, exact_match=False)
+    assert model.policy.normalize_observations
+    assert model.policy.observation_normalizer.obs_count.item() == 64
+    assert th.equal(model.policy.predict_values(th.as_tensor(obs)).detach(), expected)
+
+
+@pytest.mark.parametrize("algo", [PPO, KLAdaptivePPO])
+def test_save_load_and_continue_takes_the_statistics_as_continuing_does(algo: type, tmp_path: Any) -> None:
+    """A model saved after learn(), loaded and continued has after one more rollout the statistics of the model
+    continued in memory (the last rollout's observations are saved as pending, folded in when the next starts)."""
+    kwargs = dict(n_steps=32, batch_size=32, n_epochs=1)
+    if algo is KLAdaptivePPO:
+        kwargs["normalize_value"] = False
+    continued = make_model(algo, kwargs, n_envs=1)
+    continued.learn(3 * 32)
+    continued.save(tmp_path / "model")
+    loaded = algo.load(tmp_path / "model", env=continued.get_env(), device="cpu")
+    counts = []
+    for model in (continued, loaded):
+        check = RolloutCheck()
+        model.learn(32, reset_num_timesteps=False, callback=check)
+        counts.append(check.counts)
+    assert counts[0] == counts[1] == [(96.0, 32.0)]
+    saved, resumed = continued.policy.observation_normalizer, loaded.policy.observation_normalizer
+    for name in ("obs_mean", "obs_var", "obs_count"):
+        assert th.equal(getattr(saved, name), getattr(resumed, name)), name
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda env: PPO(SafeMlpPolicy, env, n_steps=16, batch_size=16, n_epochs=1, policy_kwargs=ON),
+        lambda env: KLAdaptivePPO("MlpPolicy", env, n_steps=16, batch_size=16, n_epochs=1, policy_kwargs=ON),
+    ],
+    ids=["PPO+SafeMlpPolicy", "KLAdaptivePPO"],
+)
+def test_double_normalization_is_named_once(make: Any) -> None:
+    """A policy told to normalize, in a VecNormalize(norm_obs=True): one warning naming both, whether the algorithm
+    (KLAdaptivePPO's set-up) or a callback (the guard, the adaptive lr, at training start) sees it, however many
+    learn() calls; "auto" in a safe algorithm, and a stock algorithm without sb3-safe's callbacks, stay silent."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model = make(VecNormalize(DummyVecEnv([lambda: gym.make("CartPole-v1")])))
+        for _ in range(2):
+            model.learn(16, callback=[NonFiniteGuardCallback(), KLAdaptiveLRCallback()])
+    named = [warning for warning in caught if "normalized twice" in str(warning.message)]
+    assert len(named) == 1
+    assert "VecNormalize(norm_obs=True)" in str(named[0].message)
+    assert "normalize_observations=False" in str(named[0].message)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        auto = KLAdaptivePPO("MlpPolicy", VecNormalize(DummyVecEnv([lambda: gym.make("CartPole-v1")])), n_steps=16)
+        auto.learn(16, callback=NonFiniteGuardCallback())
+        stock = PPO(SafeMlpPolicy, VecNormalize(DummyVecEnv([lambda: gym.make("CartPole-v1")])), n_steps=16, policy_kwargs=ON)
+        stock.learn(16)
+    assert not [warning for warning in caught if "normalized twice" in str(warning.message)]
+
+
+def test_the_count_cannot_saturate() -> None:
+    """Float64 statistics: counts far beyond float32's 2**24 add exactly, and the mean still moves."""
+    normalizer = ObservationNormalizer((1,))
+    normalizer.obs_count.fill_(2.0**40)
+    normalizer.pending_mean.fill_(2.0**40)
+    normalizer.pending_count.fill_(2.0**40)
+    normalizer.commit()
+    assert normalizer.obs_count.item() == 2.0**41
+    assert normalizer.obs_mean.item() == 2.0**39
+    normalizer.observe(th.tensor([[1.0]]))
+    normalizer.commit()
+    assert normalizer.obs_count.item() == 2.0**41 + 1

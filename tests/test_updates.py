@@ -4,12 +4,15 @@ step clips what it says it clips, advantage scaling keeps the advantages' order 
 logging was asked for. Each test names its promise (the mutants it kills are in benchmarks/results/mutation.md).
 """
 
+import warnings
+
+import gymnasium as gym
 import pytest
 import torch as th
 from stable_baselines3.common.logger import configure
 
-from sb3_safe import SafeA2C
-from sb3_safe.common.updates import GuardedOptimizerStep, normalize_advantages
+from sb3_safe import KLAdaptivePPO, SafeA2C
+from sb3_safe.common.updates import GuardedOptimizerStep, SkippedUpdateWarning, normalize_advantages
 
 
 @pytest.mark.parametrize("max_grad_norm", [1.0, None])
@@ -76,3 +79,39 @@ def test_no_log_interval_writes_nothing_when_learn_ends(tmp_path) -> None:
     model.learn(16, log_interval=None)
     assert (tmp_path / "progress.csv").read_text() == ""
     assert "train/skipped_updates" in model.logger.name_to_value
+
+
+class HugeRewards(gym.RewardWrapper):
+    """CartPole-v1 with rewards of 1e38: the returns overflow float32."""
+
+    def reward(self, reward: float) -> float:
+        return float(reward) * 1e38
+
+
+@pytest.mark.parametrize(
+    ("algo", "kwargs"),
+    [(SafeA2C, dict(n_steps=5)), (KLAdaptivePPO, dict(n_steps=64, batch_size=64, n_epochs=1))],
+)
+def test_a_run_whose_updates_skip_every_step_is_named(algo: type, kwargs: dict) -> None:
+    """
+    Promise: a safe algorithm whose update skips every gradient step (rewards of 1e38, without the guard) says so in
+    a warning naming the algorithm, the skipped steps and the likely cause, once per run of such updates; the
+    parameters did not change. A healthy run warns nothing.
+    """
+    model = algo("MlpPolicy", HugeRewards(gym.make("CartPole-v1")), seed=0, **kwargs)
+    before = [param.detach().clone() for param in model.policy.parameters()]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model.learn(2 * kwargs["n_steps"])
+    named = [warning for warning in caught if issubclass(warning.category, SkippedUpdateWarning)]
+    assert model.skipped_updates == 2
+    assert len(named) == 1
+    message = str(named[0].message)
+    assert algo.__name__ in message and "skipped every gradient step" in message and "1e38" in message
+    assert all(th.equal(old, new) for old, new in zip(before, model.policy.parameters(), strict=True))
+
+    healthy = algo("MlpPolicy", "CartPole-v1", seed=0, **kwargs)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SkippedUpdateWarning)
+        healthy.learn(2 * kwargs["n_steps"])
+    assert healthy.skipped_updates == 0

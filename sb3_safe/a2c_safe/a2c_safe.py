@@ -16,7 +16,7 @@ from torch.nn import functional as F
 from sb3_safe.a2c_safe.policies import CnnPolicy, MlpPolicy, MultiInputPolicy
 from sb3_safe.common.adaptive_lr import ADAPTIVE_LR_CALLBACK, check_adaptive_lr, with_adaptive_lr
 from sb3_safe.common.checkpoints import continue_stock_checkpoint, with_settings_of_older_checkpoints
-from sb3_safe.common.observation_norm import decide_normalize_observations
+from sb3_safe.common.observation_norm import decide_normalize_observations, warn_if_normalized_twice
 from sb3_safe.common.policies import SafeActorCriticPolicy
 from sb3_safe.common.updates import (
     GuardedOptimizerStep,
@@ -231,6 +231,7 @@ class SafeA2C(A2C):
     def _setup_model(self) -> None:
         self.policy_kwargs = decide_normalize_observations(self.policy_class, self.policy_kwargs, self.env)
         super()._setup_model()
+        warn_if_normalized_twice(self.policy, self.env)
         self.normalize_value = resolve_normalize_value(self.normalize_value, self.env)
         if self.normalize_value:
             install_value_normalization(self.policy)
@@ -288,7 +289,9 @@ class SafeA2C(A2C):
         entropy_loss = -th.mean(-log_prob) if entropy is None else -th.mean(entropy)
         loss = policy_loss + self.ent_coef * entropy_loss + self.vf_coef * value_loss
 
+        self.guarded_step.start_update()
         self.guarded_step(self.policy.optimizer, loss, self.policy.parameters(), self.max_grad_norm)
+        self.guarded_step.name_an_update_without_steps(type(self).__name__)
 
         explained_var = explained_variance_float64(self.rollout_buffer.values, self.rollout_buffer.returns)
 

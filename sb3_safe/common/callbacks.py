@@ -34,6 +34,7 @@ from sb3_safe.common.guard.snapshot import SnapshotStore
 from sb3_safe.common.guard.stall import DEFAULT_STALL_UPDATES, StallWatch, logged_nonfinite_losses
 from sb3_safe.common.guard.watch import WatchedModel
 from sb3_safe.common.numerics import GradientNorm, NonFiniteError, TrainingStalledError
+from sb3_safe.common.observation_norm import warn_if_normalized_twice
 from sb3_safe.common.schedules import ScaledSchedule, current_learning_rate, scale_schedule
 from sb3_safe.common.supervisor import UpdateSupervisor
 
@@ -199,6 +200,7 @@ class NonFiniteGuardCallback(BaseCallback):
     # ----- SB3 callback events -----
 
     def _on_training_start(self) -> None:
+        warn_if_normalized_twice(self.model.policy, self.model.get_env())
         self._detach_hooks()  # of a learn() that ended with an exception
         self._watched = watched = WatchedModel(self.model)
         self._hooks = watched.attach_hooks(

@@ -1,13 +1,15 @@
 """
 Running normalization of Box observations inside a safe policy (``normalize_observations=True``), what SB3's
 ``VecNormalize(norm_obs=True)`` does outside it, with the statistics in the policy: saved with the model, restored by
-a rollback of the guard, and read by ``predict()`` wherever the model is loaded.
+a rollback of the guard, and read by ``predict()`` wherever the model is loaded. Opt-in in the drop-in policies (their
+default is SB3's computation), the default (``"auto"``) of KLAdaptivePPO and SafeA2C, which see their env.
 
-The statistics are fixed from one rollout to the end of the update that trains on it, so that the log-probabilities
-and values a rollout stores are those the update recomputes (the first ratio of PPO is exactly 1), and the observations
-a rollout collects are folded in when the next rollout starts. Until the first rollout is folded in, the statistics
-are mean 0 and variance 1: the observations pass clipped to ``[-clip, clip]`` (the first rollout of observations in
-raw units of 1e11 then saturates nothing beyond the clip).
+The statistics take the observations of the rollouts only, never those of a ``forward`` call outside one, of
+``predict``, evaluation or export. They are fixed from one rollout to the end of the update that trains on it, so that
+the log-probabilities and values a rollout stores are those the update recomputes (the first ratio of PPO is exactly
+1); the observations a rollout collects are folded in when the next rollout starts. Until then the statistics are mean
+0 and variance 1: the observations pass clipped to ``[-clip, clip]``. A non-finite observation is not clipped: it
+reaches the network as NaN, whose output check names it, as without normalization.
 
 A rollout step only copies its observations into a kept block; they join the pending statistics in one operation when
 the rollout ends (:meth:`ObservationNormalizer.fold`, called by the policy), not one per step: a statistics update of a
@@ -17,6 +19,7 @@ once per change of the statistics.
 """
 
 import math
+import warnings
 from typing import Any, Literal, NamedTuple
 
 import numpy as np
@@ -49,9 +52,10 @@ NormalizeObservations = bool | Literal["auto"]
 def normalizable(observation_space: spaces.Space | None) -> bool:
     """
     :param observation_space: a policy's observation space
-    :return: whether :class:`ObservationNormalizer` can normalize it: a Box that is not an image
+    :return: whether :class:`ObservationNormalizer` can normalize it: a Box that is not an image (of 3 dimensions,
+        whatever its dtype: float images too, which a CNN reads whole, not per pixel)
     """
-    return isinstance(observation_space, spaces.Box) and not is_image_space(observation_space)
+    return isinstance(observation_space, spaces.Box) and not is_image_space(observation_space, normalized_image=True)
 
 
 def validate_normalize_observations(normalize_observations: Any, observation_space: spaces.Space | None) -> bool:
@@ -87,31 +91,56 @@ def observations_normalized(env: VecEnv | None) -> bool:
 
 def decide_normalize_observations(policy_class: type, policy_kwargs: dict[str, Any], env: VecEnv | None) -> dict[str, Any]:
     """
-    A safe algorithm's ``policy_kwargs`` with ``normalize_observations="auto"`` (also when left out) decided False
-    where ``env`` normalizes the observations already (``VecNormalize(norm_obs=True)``): a second normalization of
-    normalized observations only costs time. Otherwise left to the policy, which decides from its observation space.
-    Called when the algorithm sets up its model, ``load()`` included: a checkpoint keeps what it saved decided, and
-    the policy's ``load_state_dict`` matches the normalizer to the saved state either way.
+    A safe algorithm's ``policy_kwargs`` with ``normalize_observations`` decided: ``"auto"`` where left out (the safe
+    algorithms' default; the policies' own is False), and ``"auto"`` decided False where ``env`` normalizes the
+    observations already (``VecNormalize(norm_obs=True)``): a second normalization of normalized observations only
+    costs time. Otherwise left to the policy, which decides from its observation space. Called when the algorithm
+    sets up its model, ``load()`` included: a checkpoint keeps what it saved decided, and the policy's
+    ``load_state_dict`` matches the normalizer to the saved state either way.
 
     :param policy_class: the algorithm's policy class (a policy without the keyword is left alone)
     :param policy_kwargs: the algorithm's ``policy_kwargs`` (not modified)
     :param env: the algorithm's environment
     """
-    takes_keyword = "normalize_observations" in getattr(policy_class, "safe_keywords", ())
+    if "normalize_observations" not in getattr(policy_class, "safe_keywords", ()):
+        return policy_kwargs
     setting = policy_kwargs.get("normalize_observations", "auto")
     auto = isinstance(setting, str) and setting == "auto"
-    if not (takes_keyword and auto and observations_normalized(env)):
-        return policy_kwargs
-    return {**policy_kwargs, "normalize_observations": False}
+    decided = False if auto and observations_normalized(env) else setting
+    return {**policy_kwargs, "normalize_observations": decided}
+
+
+def warn_if_normalized_twice(policy: Any, env: VecEnv | None) -> bool:
+    """
+    Warn, once per policy, where a policy that normalizes its observations runs in an env whose ``VecNormalize``
+    normalizes them already (``norm_obs=True``): the second normalization changes what the policy sees and costs time.
+    Called where sb3-safe sees the env: its algorithms' set-up, its callbacks at the start of training, the zoo command.
+
+    :param policy: the model's policy
+    :param env: the model's environment
+    :return: whether the observations are normalized twice
+    """
+    twice = bool(getattr(policy, "normalize_observations", False)) and observations_normalized(env)
+    if twice and not getattr(policy, "_normalized_twice_named", False):
+        policy._normalized_twice_named = True
+        warnings.warn(
+            f"{type(policy).__name__} normalizes its observations (normalize_observations=True) and the env's "
+            "VecNormalize(norm_obs=True) normalizes them already: they are normalized twice. Pass "
+            "policy_kwargs=dict(normalize_observations=False), or VecNormalize(norm_obs=False)",
+            stacklevel=2,
+        )
+    return twice
 
 
 class ObservationNormalizer(nn.Module):
     """
     ``(obs - mean) / sqrt(var)``, clipped to ``[-CLIP, CLIP]``, with running float64 statistics of the observations.
 
-    :meth:`observe` keeps observations, :meth:`fold` adds those kept to the pending statistics (also before the
-    buffers are saved), :meth:`commit` folds the pending statistics into the ones :meth:`forward` uses. Non-finite
-    observations are left out of the statistics (the guard names them).
+    :meth:`observe` keeps observations, :meth:`fold` adds those kept to the pending statistics, :meth:`commit` folds
+    the pending statistics into the ones :meth:`forward` uses (the policy decides when: a rollout's observations,
+    nothing else). What is saved is the statistics and the pending ones, not the observations kept and not yet
+    folded. Non-finite observations never enter the statistics (:meth:`forward` passes them on as NaN, which the
+    policy's output check names).
 
     :param shape: the shape of one observation
     """
@@ -134,21 +163,22 @@ class ObservationNormalizer(nn.Module):
         self._shift_and_scale = DerivedOnChange(_shift_and_scale)
         #: observations observed and not yet folded into the pending statistics
         self.kept = KeptRows(shape)
-        # What is saved (model.save(), a checkpoint mid-rollout) includes every observation observed
-        self.register_state_dict_pre_hook(_fold_before_saving)
 
     def forward(self, obs: th.Tensor) -> th.Tensor:
         """
         :param obs: a batch of observations, as the features extractor receives them (float)
-        :return: the normalized observations, finite for any finite or infinite input, in ``obs``'s dtype. For float32
+        :return: the normalized observations, finite for any finite input and NaN where the input is not, in
+            ``obs``'s dtype. For float32
             observations computed in float32 from the float64 statistics: a rounding of the mean of at most half a unit
             of the observations' own last place
         """
         derived = self._shift_and_scale.get(self.obs_mean, self.obs_var)
+        # The clip keeps finite outliers finite; adding 0 * obs makes a non-finite observation NaN again (the clip
+        # alone would turn an inf into a plausible 10), so the network's output check names it
         if obs.dtype == th.float32 and not derived.in_float64:
-            return obs.sub(derived.shift).mul_(derived.scale).clamp_(-CLIP, CLIP)
+            return obs.sub(derived.shift).mul_(derived.scale).clamp_(-CLIP, CLIP).add_(obs, alpha=0)
         scaled = (obs.double() - self.obs_mean) / derived.std
-        return scaled.clamp(-CLIP, CLIP).to(obs.dtype)
+        return scaled.clamp_(-CLIP, CLIP).add_(obs, alpha=0).to(obs.dtype)
 
     def features_extractor_pre_hook(self, module: nn.Module, args: tuple[th.Tensor, ...]) -> tuple[th.Tensor, ...]:
         """
@@ -264,9 +294,3 @@ class _ShiftAndScale(NamedTuple):
 def _shift_and_scale(mean: th.Tensor, var: th.Tensor) -> _ShiftAndScale:
     std = th.sqrt(var.clamp(min=MIN_VARIANCE))
     return _ShiftAndScale(mean.float(), (1.0 / std).float(), std, bool(std.max() > FLOAT32_STD_LIMIT))
-
-
-def _fold_before_saving(module: nn.Module, prefix: str, keep_vars: bool) -> None:
-    """A state-dict pre-hook (a function, so the module stays picklable): what is saved includes every observation."""
-    assert isinstance(module, ObservationNormalizer)
-    module.fold()

@@ -1,8 +1,9 @@
 """Drop-in SB3 actor-critic policies whose action distributions stay finite and valid."""
 
+import contextlib
 import inspect
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any, ClassVar
 
 import numpy as np
@@ -73,9 +74,10 @@ class SafeDistributionMixin(BasePolicy):
     - :meth:`project_log_std`, also run by ``get_distribution`` (whatever its signature) and ``set_training_mode``;
     - ``_get_constructor_parameters`` saving :attr:`safe_keywords`, so ``save`` / ``load`` restore them;
     - with ``normalize_observations``, :attr:`observation_normalizer` before every features extractor, its statistics
-      taken from the observations ``forward`` (a rollout) sees and folded in at the next rollout after an update;
-      ``load_state_dict`` installs it for a state dict that has its statistics, and removes the one ``"auto"``
-      installed for a state dict without (a checkpoint from before the setting, or of a stock policy).
+      taken from the observations of the rollouts (see :meth:`set_training_mode`), never from ``forward`` calls
+      outside one, ``predict``, evaluation or export; ``load_state_dict`` installs it for a state dict that has its
+      statistics, and a strict load of a state dict without them removes the one ``"auto"`` installed (a checkpoint
+      of a stock policy loads as it was trained).
     """
 
     #: Constructor keywords the family adds to its SB3 policy's, saved with the policy (read back as attributes)
@@ -89,8 +91,10 @@ class SafeDistributionMixin(BasePolicy):
     normalize_observations: bool
     #: the ``normalize_observations`` argument (``"auto"`` gives way to a checkpoint without statistics)
     _normalize_observations_setting: NormalizeObservations
-    #: whether an update ran since the observations seen were folded into the normalizer's statistics
-    _observations_due: bool
+    #: whether a rollout is being collected: its ``forward`` calls keep their observations for the statistics
+    _collecting_observations: bool
+    #: whether evaluation-mode work that is not a rollout runs (:meth:`outside_rollouts`)
+    _outside_rollouts: bool
 
     def __getattr__(self, name: str) -> Any:
         # Only reached when normal lookup fails (torch's Module.__getattr__ then finds submodules and parameters).
@@ -117,7 +121,7 @@ class SafeDistributionMixin(BasePolicy):
         squash_output: bool = False,
         use_sde: bool = False,
         observation_space: spaces.Space | None = None,
-        normalize_observations: NormalizeObservations = "auto",
+        normalize_observations: NormalizeObservations = False,
     ) -> bool:
         """
         Check and store the safe keywords. Called before SB3's constructor, whose ``_build`` builds the
@@ -145,7 +149,8 @@ class SafeDistributionMixin(BasePolicy):
         self._tanh_squash = squash_output and not use_sde
         self.normalize_observations = validate_normalize_observations(normalize_observations, observation_space)
         self._normalize_observations_setting = normalize_observations
-        self._observations_due = False
+        self._collecting_observations = False
+        self._outside_rollouts = False
         return squash_output and use_sde
 
     def _set_safe_action_dist(self) -> None:
@@ -186,8 +191,9 @@ class SafeDistributionMixin(BasePolicy):
     def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True, assign: bool = False) -> Any:
         """
         ``th.nn.Module.load_state_dict``; the observation normalizer follows the state dict: installed for one that
-        has its statistics (a model trained with it predicts only with it), removed for one without if ``"auto"``
-        installed it (a checkpoint from before the setting, or of a stock policy, loads as it was trained).
+        has its statistics (a model trained with it predicts only with it); removed by a strict load of one without,
+        if ``"auto"`` installed it (a checkpoint of a stock policy loads as it was trained). A partial load
+        (``strict=False``) of a state dict without its statistics keeps the normalizer and its statistics.
 
         :param state_dict: the parameters and buffers to load
         :param strict: whether the keys must match this module's exactly
@@ -197,26 +203,40 @@ class SafeDistributionMixin(BasePolicy):
         saved = any(key.startswith("observation_normalizer.") for key in state_dict)
         if saved and not self.normalize_observations:
             self._install_observation_normalizer()
-        elif not saved and self.normalize_observations and self._normalize_observations_setting == "auto":
+        elif strict and not saved and self.normalize_observations and self._normalize_observations_setting == "auto":
             self._remove_observation_normalizer()
         return super().load_state_dict(state_dict, strict=strict, assign=assign)
 
     def forward(self, obs: th.Tensor, *args: Any, **kwargs: Any) -> Any:
-        # forward() is how the on-policy algorithms act in a rollout (predict() and the updates do not call it): the
-        # statistics take the rollout's observations, after folding in those of the rollouts before the last update
-        if self.normalize_observations:
-            if self._observations_due:
-                self.observation_normalizer.commit()
-                self._observations_due = False
+        # forward() is how the on-policy algorithms act in a rollout (predict() and the updates do not call it)
+        if self.normalize_observations and self._collecting_observations:
             self.observation_normalizer.observe(obs)
         return super().forward(obs, *args, **kwargs)
 
     def predict_values(self, *args: Any, **kwargs: Any) -> th.Tensor:
         # A rollout ends with the values of its last observations (and bootstraps truncated episodes with them): its
-        # observations join the pending statistics before anything reads them (a callback's snapshot at its end)
-        if self.normalize_observations:
+        # observations join the pending statistics before a callback's snapshot at its end copies them
+        if self.normalize_observations and self._collecting_observations:
             self.observation_normalizer.fold()
         return super().predict_values(*args, **kwargs)  # type: ignore[misc]  # the SB3 policy next in the MRO has it
+
+    def predict(self, *args: Any, **kwargs: Any) -> Any:
+        # Signatures differ between the families (maskable: action_masks). Its switch to evaluation mode starts no
+        # rollout: predict() never changes the observation statistics
+        with self.outside_rollouts():
+            return super().predict(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def outside_rollouts(self) -> Iterator[None]:
+        """
+        A context for evaluation-mode work that is not a rollout (``predict``, a measurement after an update): its
+        ``set_training_mode(False)`` starts no rollout, so the observation statistics stay as they are.
+        """
+        previous, self._outside_rollouts = self._outside_rollouts, True
+        try:
+            yield
+        finally:
+            self._outside_rollouts = previous
 
     @property
     def optimizer(self) -> th.optim.Optimizer:
@@ -256,10 +276,33 @@ class SafeDistributionMixin(BasePolicy):
         return super().get_distribution(*args, **kwargs)  # type: ignore[misc]  # the SB3 policy next in the MRO has it
 
     def set_training_mode(self, mode: bool) -> None:
+        """
+        SB3's ``set_training_mode``, which the on-policy algorithms call at the start of each rollout (``False``) and
+        of each update (``True``); also projects the log-std parameter (:meth:`project_log_std`).
+
+        With ``normalize_observations``, these calls delimit the rollouts whose observations the statistics take:
+        a rollout starts at a switch to evaluation mode outside :meth:`outside_rollouts` (``predict`` runs in it; the
+        statistics then take in the
+        rollouts already trained on, and stay fixed until the next rollout starts, so that an update recomputes
+        exactly the log-probabilities its rollout stored); the observations its ``forward`` calls see are kept
+        until the update starts.
+
+        :param mode: True for training mode (an update), False for evaluation mode (a rollout, ``predict``)
+        """
         self.project_log_std()
-        # Training mode starts an update: the next rollout folds in the observations collected so far
-        self._observations_due = self._observations_due or mode
+        if self.normalize_observations:
+            self._delimit_rollouts(mode)
         super().set_training_mode(mode)
+
+    def _delimit_rollouts(self, mode: bool) -> None:
+        normalizer = self.observation_normalizer
+        if mode:
+            # An update starts: its rollout's observations wait in the pending statistics until the next rollout
+            normalizer.fold()
+            self._collecting_observations = False
+        elif not (self._outside_rollouts or self._collecting_observations):
+            normalizer.commit()
+            self._collecting_observations = True
 
     def _get_constructor_parameters(self) -> dict[str, Any]:
         data = super()._get_constructor_parameters()
@@ -286,12 +329,12 @@ class SafeActorCriticPolicy(SafeDistributionMixin, ActorCriticPolicy):
         (SB3 requires gSDE), with log-probs exact and finite even when tanh saturates.
     :param use_sde: generalized State Dependent Exploration, with the std bounded by ``log_std_range`` (the
         algorithm passes its own ``use_sde``)
-    :param normalize_observations: normalize Box observations with running statistics of those the rollouts saw,
-        as ``VecNormalize(norm_obs=True)`` does, the statistics kept in the policy (saved with the model, restored
-        by the guard's rollback); fixed from a rollout to the end of its update. Not for Dict or image observations.
-        ``"auto"`` (the default): on for Box observations that are not images; KLAdaptivePPO and SafeA2C turn it off
-        where their env is a ``VecNormalize(norm_obs=True)``, which normalizes them already (with a stock
-        algorithm in such an env, pass ``False``).
+    :param normalize_observations: ``True``: normalize Box observations with running statistics of those the
+        rollouts saw, as ``VecNormalize(norm_obs=True)`` does, the statistics kept in the policy (saved with the model,
+        restored by the guard's rollback) and fixed from a rollout to the end of its update. Not for Dict or image
+        observations. ``False`` (the default): SB3's computation. ``"auto"``: on for Box observations that are not
+        images (the default of KLAdaptivePPO and SafeA2C, which turn it off where their env is a
+        ``VecNormalize(norm_obs=True)``: never normalize twice).
     :param kwargs: the other keywords of SB3's
         :sb3:`ActorCriticPolicy <modules/ppo.html#stable_baselines3.common.policies.ActorCriticPolicy>`, with their
         meaning there: ``net_arch``, ``activation_fn``, ``ortho_init``, ``log_std_init``, ``full_std``,
@@ -299,9 +342,8 @@ class SafeActorCriticPolicy(SafeDistributionMixin, ActorCriticPolicy):
         ``normalize_images``, ``optimizer_class``, ``optimizer_kwargs``
 
     A non-finite network output raises :class:`sb3_safe.NonFiniteError` naming it (mean, log-std or logits).
-    The ``state_dict`` keys are those of SB3's policy, plus ``observation_normalizer.*`` where observations are
-    normalized: a stock checkpoint loads (the normalizer that ``"auto"`` installed is removed), and with
-    ``normalize_observations=False`` checkpoints load both ways.
+    The ``state_dict`` keys are those of SB3's policy (checkpoints load both ways), plus ``observation_normalizer.*``
+    where observations are normalized.
 
     The optimizer is built with ``foreach=True`` (see :func:`prefer_foreach`) unless ``optimizer_kwargs`` chooses
     an implementation: the same arithmetic as torch's per-parameter loop, which torch uses by default on CPU,
@@ -317,7 +359,7 @@ class SafeActorCriticPolicy(SafeDistributionMixin, ActorCriticPolicy):
         logit_bound: float | None = DEFAULT_LOGIT_BOUND,
         squash_output: bool = False,
         use_sde: bool = False,
-        normalize_observations: NormalizeObservations = "auto",
+        normalize_observations: NormalizeObservations = False,
         **kwargs: Any,
     ):
         sb3_squash_output = self._init_safe_arguments(
@@ -350,6 +392,14 @@ class SafeActorCriticPolicy(SafeDistributionMixin, ActorCriticPolicy):
             use_sde=self.use_sde,
             dist_kwargs=self.dist_kwargs,
         )
+
+
+def outside_rollouts(policy: BasePolicy) -> contextlib.AbstractContextManager[None]:
+    """
+    :param policy: any SB3 policy
+    :return: :meth:`SafeDistributionMixin.outside_rollouts` of a safe policy, a context that does nothing for others
+    """
+    return policy.outside_rollouts() if isinstance(policy, SafeDistributionMixin) else contextlib.nullcontext()
 
 
 def warn_about_arguments_without_effect(

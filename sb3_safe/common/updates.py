@@ -3,12 +3,17 @@ The update-step logic every sb3-safe algorithm shares: guarded optimizer steps, 
 the statistics of the last update.
 """
 
+import warnings
 from collections.abc import Iterable
 
 import torch as th
 from stable_baselines3.common.base_class import BaseAlgorithm
 
 from sb3_safe.common.numerics import is_finite
+
+
+class SkippedUpdateWarning(UserWarning):
+    """An update phase of a safe algorithm skipped every gradient step: the run does not train."""
 
 
 class GuardedOptimizerStep:
@@ -22,6 +27,12 @@ class GuardedOptimizerStep:
 
     :param name: used in nothing but ``repr``, to tell several guards apart
     """
+
+    # Class attributes: instances pickled with checkpoints from before them have neither
+    #: the counts (taken, skipped) at the start of the current update (:meth:`start_update`)
+    _update_start: tuple[int, int] = (0, 0)
+    #: whether the current run of updates without a step taken was named (a warning: once per run)
+    _named = False
 
     def __init__(self, name: str = "policy"):
         self.name = name
@@ -59,6 +70,33 @@ class GuardedOptimizerStep:
         optimizer.step()
         self.n_taken += 1
         return grad_norm
+
+    def start_update(self) -> None:
+        """Mark the start of an update phase (``train()``), for :meth:`name_an_update_without_steps`."""
+        self._update_start = (self.n_taken, self.n_skipped)
+
+    def name_an_update_without_steps(self, algorithm: str) -> None:
+        """
+        Warn when the update phase since :meth:`start_update` skipped every step it tried: the parameters did not
+        change, and without a warning a run that no longer trains looks like one that does. Once per run of such
+        updates (a step taken starts a new run).
+
+        :param algorithm: the algorithm's name, for the message
+        """
+        taken, skipped = self.n_taken - self._update_start[0], self.n_skipped - self._update_start[1]
+        if taken:
+            self._named = False
+        elif skipped and not self._named:
+            self._named = True
+            warnings.warn(
+                f"{algorithm} skipped every gradient step of this update ({skipped} of {skipped}: the loss or the "
+                f"gradient norm was not finite; {self.n_skipped} skipped so far, train/skipped_updates): the "
+                "parameters did not change. Likely causes: rewards or returns beyond float32's range (rewards near "
+                "1e38 overflow the returns), a learning rate far too high. NonFiniteGuardCallback names the first "
+                "non-finite value",
+                SkippedUpdateWarning,
+                stacklevel=3,
+            )
 
     def _skip(self, optimizer: th.optim.Optimizer) -> None:
         # No stale (possibly NaN) gradients may reach a later step

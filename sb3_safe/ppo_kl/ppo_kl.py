@@ -17,8 +17,8 @@ from sb3_safe.common.adaptive_lr import ADAPTIVE_LR_CALLBACK, check_adaptive_lr,
 from sb3_safe.common.buffers import KLDictRolloutBuffer, KLDictRolloutBufferSamples, KLRolloutBuffer, KLRolloutBufferSamples
 from sb3_safe.common.checkpoints import continue_stock_checkpoint, with_settings_of_older_checkpoints
 from sb3_safe.common.kl import analytic_kl, approx_kl, clamp_log_ratio, has_analytic_kl
-from sb3_safe.common.observation_norm import decide_normalize_observations
-from sb3_safe.common.policies import SafeActorCriticPolicy, SafeCnnPolicy, SafeMultiInputPolicy
+from sb3_safe.common.observation_norm import decide_normalize_observations, warn_if_normalized_twice
+from sb3_safe.common.policies import SafeActorCriticPolicy, SafeCnnPolicy, SafeMultiInputPolicy, outside_rollouts
 from sb3_safe.common.updates import (
     GuardedOptimizerStep,
     normalize_advantages,
@@ -291,6 +291,7 @@ class KLAdaptivePPO(PPO):
             )
         super()._setup_model()
         self.rollout_buffer.attach_policy(self.policy)
+        warn_if_normalized_twice(self.policy, self.env)
         self.normalize_value = resolve_normalize_value(self.normalize_value, self.env)
         if self.normalize_value:
             install_value_normalization(self.policy)
@@ -331,7 +332,8 @@ class KLAdaptivePPO(PPO):
     @th.no_grad()
     def _rollout_kl(self) -> float:
         """Mean KL(pi_old || pi) over the whole rollout, for the beta rule."""
-        self.policy.set_training_mode(False)
+        with outside_rollouts(self.policy):  # a measurement, not a rollout: the observation statistics stay
+            self.policy.set_training_mode(False)
         total, count = 0.0, 0
         # No gradients here, so larger batches than the minibatches: fewer passes; only the actor is evaluated
         for rollout_data in self.rollout_buffer.get(max(self.batch_size, _MEASURE_BATCH_SIZE)):
@@ -355,6 +357,7 @@ class KLAdaptivePPO(PPO):
         """Update policy and value function on the rollout buffer, then adapt the KL coefficient."""
         self.policy.set_training_mode(True)
         self._update_learning_rate(self.policy.optimizer)
+        self.guarded_step.start_update()
         head = value_head(self.policy)
         if head is not None:
             # Once per update, on the whole rollout: every minibatch regresses on the same scale
@@ -420,6 +423,7 @@ class KLAdaptivePPO(PPO):
             if not continue_training:
                 break
 
+        self.guarded_step.name_an_update_without_steps(type(self).__name__)
         rollout_kl = self._rollout_kl()
         self.kl_beta = adapt_kl_beta(
             self.kl_beta,

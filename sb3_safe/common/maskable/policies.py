@@ -57,7 +57,7 @@ class SafeMaskableActorCriticPolicy(SafeDistributionMixin, MaskableActorCriticPo
         action_space: spaces.Space,
         lr_schedule: Schedule,
         logit_bound: float | None = DEFAULT_LOGIT_BOUND,
-        normalize_observations: NormalizeObservations = "auto",
+        normalize_observations: NormalizeObservations = False,
         **kwargs: Any,
     ):
         if "use_sde" in kwargs:
