@@ -94,18 +94,13 @@ def test_outputs_are_finite_and_clipped_for_any_input(observed: list[list[list[f
 
 @settings(max_examples=200, deadline=None)
 @given(st.lists(batches, min_size=1, max_size=5), st.integers(0, 4))
-def test_statistics_are_the_exact_mean_and_variance_of_the_finite_rows(
-    observed: list[list[list[float]]], bad_rows: int
-) -> None:
-    """Batches observed one after another (some rows NaN or inf, left out), committed at any point: the statistics
-    equal the mean and population variance of every finite row, the pending ones included once committed."""
+def test_statistics_are_the_exact_mean_and_variance_of_the_rows(observed: list[list[list[float]]], commit_every: int) -> None:
+    """Batches observed one after another, committed at any point: the statistics equal the mean and population
+    variance of every row, the pending ones included once committed."""
     normalizer = ObservationNormalizer((3,))
     for index, batch in enumerate(observed):
-        rows = th.tensor(batch, dtype=th.float32)
-        if bad_rows:
-            rows = th.cat([rows, th.full((bad_rows, 3), math.nan), th.full((1, 3), math.inf)])
-        normalizer.observe(rows)
-        if index % 2:
+        normalizer.observe(th.tensor(batch, dtype=th.float32))
+        if commit_every and index % commit_every == 0:
             normalizer.commit()
     normalizer.commit()
     every = np.concatenate([np.asarray(batch, dtype=np.float32).astype(np.float64) for batch in observed])
@@ -176,14 +171,19 @@ def test_before_any_statistics_observations_pass_clipped() -> None:
     assert out[2, 0].item() == 1.0 and math.isnan(out[2, 1].item())
 
 
-def test_a_batch_without_a_finite_row_changes_nothing() -> None:
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+def test_a_non_finite_observation_is_named_when_folded_and_changes_nothing(bad: float) -> None:
+    """A kept observation with NaN or inf: the fold raises NonFiniteError naming the observations and the first bad
+    row, and the statistics keep their values."""
     normalizer = ObservationNormalizer((3,))
-    normalizer.observe(th.tensor([[math.nan, 0.0, 0.0], [0.0, math.inf, 0.0]]))
-    normalizer.fold()
-    assert normalizer.pending_count.item() == 0 and th.isfinite(normalizer.pending_mean).all()
     normalizer.observe(th.tensor([[1.0, 2.0, 3.0]]))
     normalizer.commit()
-    assert normalizer.obs_mean.tolist() == [1.0, 2.0, 3.0] and normalizer.obs_count.item() == 1
+    normalizer.observe(th.tensor([[1.0, 0.0, 0.0], [0.0, bad, 0.0], [0.0, 0.0, 0.0]]))
+    before = {name: tensor.clone() for name, tensor in normalizer.state_dict().items()}
+    with pytest.raises(NonFiniteError, match=r"observations of the rollout: .* in 1 of 3 observed rows \(the first: row 1"):
+        normalizer.fold()
+    assert all(th.equal(tensor, before[name]) for name, tensor in normalizer.state_dict().items())
+    assert normalizer.kept.count == 0
 
 
 def test_observations_are_kept_until_folded_in_one_update() -> None:
@@ -499,11 +499,17 @@ class InfAtStep(gym.Wrapper):
 
 @pytest.mark.parametrize("algo", [PPO, A2C, KLAdaptivePPO, SafeA2C])
 def test_an_inf_observation_is_named_not_clipped(algo: type) -> None:
-    """An inf observation is not clipped into a plausible 10 and dropped: the policy names it, as without the
-    normalizer (stock SB3 raises too)."""
+    """An inf observation is not clipped into a plausible 10 and dropped silently: learn() raises NonFiniteError
+    naming the rollout's observations (stock SB3 raises too); predict() and a forward call outside a rollout pass it on
+    as NaN, which the policy's output check names."""
     model = algo(SafeMlpPolicy, InfAtStep(gym.make("CartPole-v1")), n_steps=64, policy_kwargs=ON, seed=0)
-    with pytest.raises(NonFiniteError, match=r"policy output \w+: \d+ NaN"):
+    with pytest.raises(NonFiniteError, match=r"observations of the rollout: 0 NaN, 1 inf"):
         model.learn(256)
+    obs = np.array([[0.0, 0.0, np.inf, 0.0]], dtype=np.float32)
+    with pytest.raises(NonFiniteError, match=r"policy output \w+: \d+ NaN"):
+        model.predict(obs)
+    with pytest.raises(NonFiniteError, match=r"policy output \w+: \d+ NaN"):
+        model.policy(th.as_tensor(obs))
 
 
 def test_forward_predict_and_evaluation_outside_a_rollout_change_nothing(tmp_path: Any) -> None:

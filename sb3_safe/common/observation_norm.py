@@ -8,8 +8,9 @@ The statistics take the observations of the rollouts only, never those of a ``fo
 ``predict``, evaluation or export. They are fixed from one rollout to the end of the update that trains on it, so that
 the log-probabilities and values a rollout stores are those the update recomputes (the first ratio of PPO is exactly
 1); the observations a rollout collects are folded in when the next rollout starts. Until then the statistics are mean
-0 and variance 1: the observations pass clipped to ``[-clip, clip]``. A non-finite observation is not clipped: it
-reaches the network as NaN, whose output check names it, as without normalization.
+0 and variance 1: the observations pass clipped to ``[-clip, clip]``. A non-finite observation is never clipped
+into a plausible value silently: a rollout's are named when the rollout ends (where the guard, if on, named it at
+its step), any other reaches the network as NaN, whose output check names it, as without normalization.
 
 A rollout step only copies its observations into a kept block; they join the pending statistics in one operation when
 the rollout ends (:meth:`ObservationNormalizer.fold`, called by the policy), not one per step: a statistics update of a
@@ -29,7 +30,7 @@ from stable_baselines3.common.preprocessing import is_image_space
 from stable_baselines3.common.vec_env import VecEnv, unwrap_vec_normalize
 from torch import nn
 
-from sb3_safe.common.numerics import DerivedOnChange, merge_moments_into
+from sb3_safe.common.numerics import DerivedOnChange, NonFiniteError, describe_nonfinite, is_finite, merge_moments_into
 
 #: The least variance the observations are scaled by: a constant observation maps to zero, not to inf
 MIN_VARIANCE = 1e-8
@@ -139,8 +140,8 @@ class ObservationNormalizer(nn.Module):
     :meth:`observe` keeps observations, :meth:`fold` adds those kept to the pending statistics, :meth:`commit` folds
     the pending statistics into the ones :meth:`forward` uses (the policy decides when: a rollout's observations,
     nothing else). What is saved is the statistics and the pending ones, not the observations kept and not yet
-    folded. Non-finite observations never enter the statistics (:meth:`forward` passes them on as NaN, which the
-    policy's output check names).
+    folded. Non-finite observations never enter the statistics: :meth:`fold` names them, and outside a rollout
+    :meth:`forward` passes them on as NaN, which the policy's output check names.
 
     :param shape: the shape of one observation
     """
@@ -163,22 +164,28 @@ class ObservationNormalizer(nn.Module):
         self._shift_and_scale = DerivedOnChange(_shift_and_scale)
         #: observations observed and not yet folded into the pending statistics
         self.kept = KeptRows(shape)
+        #: whether the observations :meth:`forward` receives are observed too (a rollout): a non-finite one is then
+        #: named by :meth:`fold`, once per rollout, instead of by an operation more at every call
+        self.observing = False
 
     def forward(self, obs: th.Tensor) -> th.Tensor:
         """
         :param obs: a batch of observations, as the features extractor receives them (float)
-        :return: the normalized observations, finite for any finite input and NaN where the input is not, in
-            ``obs``'s dtype. For float32
+        :return: the normalized observations, finite for any finite input and NaN where the input is not (except while
+            :attr:`observing`: then clipped, and :meth:`fold` names them), in ``obs``'s dtype. For float32
             observations computed in float32 from the float64 statistics: a rounding of the mean of at most half a unit
             of the observations' own last place
         """
         derived = self._shift_and_scale.get(self.obs_mean, self.obs_var)
-        # The clip keeps finite outliers finite; adding 0 * obs makes a non-finite observation NaN again (the clip
-        # alone would turn an inf into a plausible 10), so the network's output check names it
         if obs.dtype == th.float32 and not derived.in_float64:
-            return obs.sub(derived.shift).mul_(derived.scale).clamp_(-CLIP, CLIP).add_(obs, alpha=0)
-        scaled = (obs.double() - self.obs_mean) / derived.std
-        return scaled.clamp_(-CLIP, CLIP).add_(obs, alpha=0).to(obs.dtype)
+            normalized = obs.sub(derived.shift).mul_(derived.scale).clamp_(-CLIP, CLIP)
+        else:
+            normalized = ((obs.double() - self.obs_mean) / derived.std).clamp_(-CLIP, CLIP).to(obs.dtype)
+        if self.observing:
+            return normalized  # a rollout's observations: fold() checks them, once per rollout
+        # The clip would turn an inf into a plausible 10: adding 0 * obs makes it NaN again, which the network's
+        # output check names
+        return normalized.add_(obs, alpha=0)
 
     def features_extractor_pre_hook(self, module: nn.Module, args: tuple[th.Tensor, ...]) -> tuple[th.Tensor, ...]:
         """
@@ -203,14 +210,22 @@ class ObservationNormalizer(nn.Module):
         self.kept.add(rows)
 
     def fold(self) -> None:
-        """Add the observations kept by :meth:`observe` to the pending statistics, in one update."""
+        """
+        Add the observations kept by :meth:`observe` to the pending statistics, in one update.
+
+        :raises NonFiniteError: naming the observations, where a kept one holds NaN or inf (the statistics unchanged)
+        """
         batch = self.kept.take()
         if batch is None:
             return
-        if not bool(th.isfinite(batch).all()):
-            batch = batch[th.isfinite(batch).flatten(1).all(dim=1)]
-            if batch.shape[0] == 0:
-                return
+        if not is_finite(batch):
+            bad_rows = (~th.isfinite(batch)).flatten(1).any(dim=1).nonzero().flatten()
+            raise NonFiniteError(
+                f"{describe_nonfinite('observations of the rollout', batch)}, in {bad_rows.numel()} of {len(batch)} "
+                f"observed rows (the first: row {bad_rows[0].item()}, counted from the rollout's start, all envs of "
+                "a step in a row): the environment returned them, and normalize_observations clipped them while "
+                "acting. NonFiniteGuardCallback checks every observation at its step and names the env"
+            )
         var, mean = th.var_mean(batch, dim=0, correction=0)
         merge_moments_into((self.pending_mean, self.pending_var, self.pending_count), mean, var, float(batch.shape[0]))
 

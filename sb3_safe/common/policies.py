@@ -25,6 +25,7 @@ from sb3_safe.common.distributions import (
     validate_log_std_range,
     validate_logit_bound,
 )
+from sb3_safe.common.numerics import NonFiniteError
 from sb3_safe.common.observation_norm import (
     NormalizeObservations,
     ObservationNormalizer,
@@ -217,7 +218,7 @@ class SafeDistributionMixin(BasePolicy):
         # A rollout ends with the values of its last observations (and bootstraps truncated episodes with them): its
         # observations join the pending statistics before a callback's snapshot at its end copies them
         if self.normalize_observations and self._collecting_observations:
-            self.observation_normalizer.fold()
+            self._fold_rollout()
         return super().predict_values(*args, **kwargs)  # type: ignore[misc]  # the SB3 policy next in the MRO has it
 
     def predict(self, *args: Any, **kwargs: Any) -> Any:
@@ -232,11 +233,17 @@ class SafeDistributionMixin(BasePolicy):
         A context for evaluation-mode work that is not a rollout (``predict``, a measurement after an update): its
         ``set_training_mode(False)`` starts no rollout, so the observation statistics stay as they are.
         """
+        normalizer = self.observation_normalizer if self.normalize_observations else None
         previous, self._outside_rollouts = self._outside_rollouts, True
+        observing = normalizer is not None and normalizer.observing
+        if normalizer is not None:
+            normalizer.observing = False  # what it normalizes is not observed: a non-finite value passes as NaN
         try:
             yield
         finally:
             self._outside_rollouts = previous
+            if normalizer is not None:
+                normalizer.observing = observing
 
     @property
     def optimizer(self) -> th.optim.Optimizer:
@@ -298,11 +305,20 @@ class SafeDistributionMixin(BasePolicy):
         normalizer = self.observation_normalizer
         if mode:
             # An update starts: its rollout's observations wait in the pending statistics until the next rollout
-            normalizer.fold()
+            self._fold_rollout()
             self._collecting_observations = False
         elif not (self._outside_rollouts or self._collecting_observations):
             normalizer.commit()
             self._collecting_observations = True
+        normalizer.observing = self._collecting_observations and not self._outside_rollouts
+
+    def _fold_rollout(self) -> None:
+        try:
+            self.observation_normalizer.fold()
+        except NonFiniteError:
+            # The rollout ends with the error: what the policy computes next is no rollout's
+            self._collecting_observations = self.observation_normalizer.observing = False
+            raise
 
     def _get_constructor_parameters(self) -> dict[str, Any]:
         data = super()._get_constructor_parameters()

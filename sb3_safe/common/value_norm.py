@@ -23,7 +23,7 @@ to rounding).
 
 import contextlib
 from collections.abc import Iterator, Mapping
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
 import torch as th
@@ -38,6 +38,9 @@ from sb3_safe.common.numerics import DerivedOnChange, merge_moments_into
 
 #: The least standard deviation the returns are scaled by: returns that are all equal scale to zero, not to inf
 MIN_STD = 1e-8
+#: The largest mean and scale of the returns applied in float32 (values of a few std then stay far inside float32's
+#: range, and the output is float32 anyway); beyond it they are applied in float64
+FLOAT32_LIMIT = 1e30
 #: The names of the head's statistics buffers: statistics of the returns in reward units, not weights
 STATISTICS = ("return_mean", "return_var", "return_count")
 #: ``normalize_value``'s settings: ``"auto"`` is on unless the environment's rewards are normalized already
@@ -90,10 +93,12 @@ class PopArtValueHead(nn.Module):
         normalized = F.linear(latent, self.weight, self.bias)
         if self.normalized_output:
             return normalized
-        # Derived once per change of the statistics: a value per rollout step costs a few operations, not a dozen
-        scale = self._output_scale.get(self.return_var, self.return_count)
-        # In float64: the statistics of returns near float32's range must not round or overflow on the way
-        return th.addcmul(self.return_mean, normalized.double(), scale).to(normalized.dtype)
+        # Derived once per change of the statistics: a value per rollout step costs one operation, not a dozen
+        output = self._output_scale.get(self.return_mean, self.return_var, self.return_count)
+        if normalized.dtype == th.float32 and not output.in_float64:
+            return th.addcmul(output.mean, normalized, output.scale)
+        # In float64: statistics near float32's range must not overflow on the way
+        return th.addcmul(self.return_mean, normalized.double(), output.scale64).to(normalized.dtype)
 
     def normalize(self, values: th.Tensor) -> th.Tensor:
         """
@@ -148,9 +153,20 @@ def _return_std(return_var: th.Tensor) -> th.Tensor:
     return return_var.clamp(min=0.0).sqrt().clamp(min=MIN_STD)
 
 
-def _output_scale(return_var: th.Tensor, return_count: th.Tensor) -> th.Tensor:
+class _OutputScale(NamedTuple):
+    #: the returns' mean and the scale of the normalized values (0 before the first update), in float32
+    mean: th.Tensor
+    scale: th.Tensor
+    #: the scale in float64, for statistics beyond :data:`FLOAT32_LIMIT`
+    scale64: th.Tensor
+    in_float64: bool
+
+
+def _output_scale(return_mean: th.Tensor, return_var: th.Tensor, return_count: th.Tensor) -> _OutputScale:
     std = _return_std(return_var)
-    return th.where(return_count > 0, std, th.zeros_like(std))
+    scale = th.where(return_count > 0, std, th.zeros_like(std))
+    in_float64 = bool(scale.max() > FLOAT32_LIMIT or return_mean.abs().max() > FLOAT32_LIMIT)
+    return _OutputScale(return_mean.float(), scale.float(), scale, in_float64)
 
 
 def install_value_normalization(policy: ActorCriticPolicy) -> PopArtValueHead:
