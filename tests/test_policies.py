@@ -119,10 +119,14 @@ def test_gsde_std_is_bounded():
 def test_vanilla_checkpoint_loads_into_safe_policy(tmp_path):
     vanilla = PPO("MlpPolicy", "Pendulum-v1", seed=1)
     safe = PPO(SafeMlpPolicy, "Pendulum-v1", seed=2)
-    # SB3's keys, and the statistics of the observations that "auto" normalizes
-    safe_keys = list(safe.policy.state_dict())
-    assert [key for key in safe_keys if not key.startswith("observation_normalizer.")] == list(vanilla.policy.state_dict())
-    assert safe.policy.normalize_observations and len(safe_keys) == len(vanilla.policy.state_dict()) + 6
+    # SB3's keys by default
+    assert not safe.policy.normalize_observations and list(safe.policy.state_dict()) == list(vanilla.policy.state_dict())
+    # "auto" adds the statistics of the observations it normalizes
+    auto = PPO(SafeMlpPolicy, "Pendulum-v1", seed=2, policy_kwargs=dict(normalize_observations="auto"))
+    auto_keys = list(auto.policy.state_dict())
+    assert [key for key in auto_keys if not key.startswith("observation_normalizer.")] == list(vanilla.policy.state_dict())
+    assert auto.policy.normalize_observations and len(auto_keys) == len(vanilla.policy.state_dict()) + 6
+    safe = auto
     vanilla.save(tmp_path / "vanilla.zip")
     safe.set_parameters(str(tmp_path / "vanilla.zip"))
     # Trained on raw observations: loaded without the normalizer "auto" installed
