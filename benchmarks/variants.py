@@ -32,8 +32,8 @@ class Variant:
     :param normalize_value: the safe algorithm's ``normalize_value`` ("(normalize_value)" in a name: True); None: its
         default
     :param normalize_observations: the safe policy's ``normalize_observations`` (sb3-safe's policies only); None: its
-        default (``"auto"``), and ``False`` for a safe policy under a stock algorithm in an env whose ``VecNormalize``
-        normalizes the observations, as ``zoo_configs/`` sets it (the safe algorithms decide that themselves)
+        default (``False`` under a stock algorithm; the safe algorithms' ``"auto"``, off where their env's
+        ``VecNormalize`` normalizes the observations)
     """
 
     name: str
@@ -163,7 +163,6 @@ def build_model(variant: Variant, env: Any, seed: int, kwargs: dict[str, Any]) -
 
     from sb3_safe import KLAdaptivePPO, SafeA2C, SafeMaskableMlpPolicy, SafeMlpLstmPolicy, SafeMlpPolicy
     from sb3_safe.common.distributions import DEFAULT_LOG_STD_RANGE
-    from sb3_safe.common.observation_norm import observations_normalized
 
     classes = {
         "PPO": PPO,
@@ -199,8 +198,6 @@ def build_model(variant: Variant, env: Any, seed: int, kwargs: dict[str, Any]) -
     setting = variant.normalize_observations
     if setting is not None and not (variant.safe_policy or variant.algo in SAFE_ALGORITHM_CLASSES):
         raise ValueError(f"variant {variant.name}: normalize_observations is a keyword of sb3-safe's policies only")
-    if setting is None and variant.safe_policy and observations_normalized(env):
-        setting = False  # normalized once, by VecNormalize
     if setting is not None:
         kwargs = {**kwargs, "policy_kwargs": {**kwargs.get("policy_kwargs", {}), "normalize_observations": setting}}
     model = classes[variant.algo](policy, env, seed=seed, device="cpu", verbose=0, **kwargs)
