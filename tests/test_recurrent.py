@@ -30,7 +30,7 @@ from stable_baselines3.common.envs import (
     IdentityEnvMultiDiscrete,
     SimpleMultiObsEnv,
 )
-from zoo_entries import pop_observation_normalization_off
+from zoo_entries import assert_policy_default_observations
 
 from sb3_safe import (
     NonFiniteError,
@@ -352,8 +352,8 @@ def test_guard_rolls_back_a_nan_weight_and_lstm_states_stay_finite(weight: str):
 
 def test_ppo_lstm_config_is_rl_zoos_with_safe_policies_and_the_guard():
     """
-    Every rl-zoo ppo_lstm entry, cited above it, with its values: the policy changes, the guard is added, and the
-    policy's own observation normalization is off where VecNormalize normalizes the observations.
+    Every rl-zoo ppo_lstm entry, cited above it, with its values: the policy changes and the guard is added; no entry
+    sets normalize_observations (the recurrent policies' default, False: only VecNormalize normalizes, as in the zoo).
     """
     text = config_path("ppo_lstm").read_text()
     ours = yaml.safe_load(text)
@@ -368,7 +368,7 @@ def test_ppo_lstm_config_is_rl_zoos_with_safe_policies_and_the_guard():
         assert mine.pop("callback") == [GUARD], entry
         policy = theirs.pop("policy")
         assert mine.pop("policy") == policies.get(policy, f"sb3_safe.Safe{policy}"), entry
-        pop_observation_normalization_off(mine, theirs)
+        assert_policy_default_observations(mine)
         assert mine == theirs, entry
 
 
@@ -380,6 +380,7 @@ def test_sb3_safe_train_uses_the_packaged_ppo_lstm_config(tmp_path: Path):
     run = tmp_path / "ppo_lstm" / "CartPole-v1_1"
     model = RecurrentPPO.load(run / "CartPole-v1.zip", device="cpu")
     assert type(model.policy) is SafeMlpLstmPolicy and model.num_timesteps == 256
+    assert not model.policy.normalize_observations and not hasattr(model.policy, "observation_normalizer")
     saved_args = yaml.load((run / "CartPole-v1" / "args.yml").read_text(), Loader=yaml.UnsafeLoader)
     assert saved_args["conf_file"] == str(config_path("ppo_lstm"))
     # CartPole-v1 has no entry: rl_zoo3 took "default"

@@ -25,7 +25,7 @@ from rl_zoo3.exp_manager import ExperimentManager
 from rl_zoo3.hyperparams_opt import HYPERPARAMS_CONVERTER, HYPERPARAMS_SAMPLER
 from stable_baselines3 import A2C, PPO
 from torch import nn
-from zoo_entries import pop_observation_normalization_off, vec_normalize_normalizes_observations
+from zoo_entries import assert_policy_default_observations, vec_normalize_normalizes_observations
 
 from sb3_safe import KLAdaptivePPO, SafeA2C
 from sb3_safe.common.policies import SafeActorCriticPolicy, SafeCnnPolicy
@@ -106,9 +106,8 @@ def test_top_level_zoo_configs_is_the_packaged_folder() -> None:
 
 @pytest.mark.parametrize("algo, entry", CONFIG_ENTRIES)
 def test_entry_is_rl_zoo_entry_it_cites_plus_guard(algo: str, entry: str) -> None:
-    """Every entry cites an rl-zoo entry and keeps its values; it changes only the policy and adds the guard
-    (and, for kl_ppo, its KL target; for the stock algorithms, the policy's own observation normalization off where
-    VecNormalize normalizes the observations)."""
+    """Every entry cites an rl-zoo entry and keeps its values; it changes only the policy and adds the guard (and,
+    for kl_ppo, its KL target). No entry sets normalize_observations: the policy's default decides it."""
     ours = dict(load_config(algo)[entry])
     zoo_file, zoo_entry = zoo_citations(algo)[entry]
     assert zoo_file == {"kl_ppo": "ppo", "safe_a2c": "a2c"}.get(algo, algo)
@@ -128,8 +127,7 @@ def test_entry_is_rl_zoo_entry_it_cites_plus_guard(algo: str, entry: str) -> Non
         # SafeA2C's shortcut for the zoo's optimizer setting
         assert zoo.pop("policy_kwargs") == "dict(optimizer_class=RMSpropTFLike, optimizer_kwargs=dict(eps=1e-5))"
         assert ours.pop("use_rms_prop_tf_like") is True
-    if algo in ("ppo", "a2c"):
-        pop_observation_normalization_off(ours, zoo)
+    assert_policy_default_observations(ours)
     assert ours == zoo
     # rl-zoo's schema: policy_kwargs as a Python string, schedules as lin_<value>
     for value in ours.values():
@@ -177,10 +175,15 @@ def test_entry_trains_one_update_through_rl_zoo3(
     assert model.num_timesteps == budget
     assert model._n_updates >= 1
     assert isinstance(model.policy, SafeCnnPolicy if entry == "atari" else SafeActorCriticPolicy)
-    # Observations normalized once: by VecNormalize where the entry has it normalize them, else by the policy (the
-    # default for Box observations that are not images)
-    normalized_by_vec_normalize = vec_normalize_normalizes_observations(config)
-    assert hasattr(model.policy, "observation_normalizer") == (entry != "atari" and not normalized_by_vec_normalize)
+    # Under a stock algorithm the safe policy computes SB3's observations (its default): only VecNormalize normalizes
+    # them, where the entry has it. KLAdaptivePPO and SafeA2C ("auto"): observations normalized once, by VecNormalize
+    # where the entry has it normalize them, else by the policy (Box observations that are not images)
+    if algo in ("ppo", "a2c"):
+        policy_normalizes = False
+    else:
+        policy_normalizes = entry != "atari" and not vec_normalize_normalizes_observations(config)
+    assert model.policy.normalize_observations is policy_normalizes
+    assert hasattr(model.policy, "observation_normalizer") is policy_normalizes
     saved_args = yaml.load((run / env_id / "args.yml").read_text(), Loader=yaml.UnsafeLoader)
     assert saved_args["conf_file"] == conf_file
     # rl_zoo3 saves the hyperparameters it read: exactly the entry (and the override)
