@@ -19,8 +19,9 @@ judged, never an undone one) and the learning-rate scale after it is at most the
 guard's own in ``"raise"`` mode; a non-finite parameter or gradient at a step has a guard event at that timestep; the
 model at every rollout start is finite); (v) one event and one message per fault (a warning per event that does not
 raise, none when it raises); (vi) a new ``learn()`` and a loaded model run the configured schedule times the saved
-scale, inside the bounds; (vii) the update and skip counts describe the kept updates (an update redone counts once)
-and the redo count is the number of redos.
+scale (inside the bounds where an adaptive learning rate set them), and ``learning_rate`` stays the configured one;
+(vii) the update and skip counts describe the kept updates (an update redone counts once) and the redo count is the
+number of redos.
 
 Usage: ``python -m benchmarks run faults [--size tiny|quick|full]`` (full: 320 scenarios; resumable), or
 ``python -m benchmarks.faults 17`` to run and print one scenario. The test suite runs a fixed subset
@@ -45,9 +46,15 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 import torch as th
+from stable_baselines3.common.utils import FloatSchedule
 
 from benchmarks import reports, suite
-from sb3_safe.common.schedules import current_learning_rate, learning_rate_bounds, learning_rate_scale
+from sb3_safe.common.schedules import (
+    apply_learning_rate_scale,
+    current_learning_rate,
+    learning_rate_bounds,
+    learning_rate_scale,
+)
 
 ON_POLICY = ("PPO", "A2C", "KLAdaptivePPO", "SafeA2C", "MaskablePPO", "RecurrentPPO")
 OFF_POLICY = ("SAC", "DQN")
@@ -596,22 +603,30 @@ def check_stop(model: Any, guard: Any, scenario: Scenario, folder: Path) -> tupl
 
 
 def check_schedules(model: Any, scenario: Scenario, folder: Path) -> list[str]:
-    """(vi): the model's and a loaded copy's schedule are the configured one times the saved scale, inside its bounds."""
+    """
+    (vi): the model's schedule is the configured one times the saved scale, inside its bounds; a loaded copy keeps
+    the configured ``learning_rate`` and the scale, and its schedule once a ``learn()`` applies the scale is the
+    configured one times it (the bounds are the adaptive learning rate's, set again by it at each ``learn()``).
+    """
     model.save(folder / "final.zip")
     loaded = type(model).load(folder / "final.zip", device="cpu")
     scale, bounds = learning_rate_scale(model), learning_rate_bounds(model)
     configured = configured_schedule(scenario)
     problems = []
+    if learning_rate_scale(loaded) != scale:
+        problems.append(f"loaded scale {learning_rate_scale(loaded):.6g} != {scale:.6g}")
+    apply_learning_rate_scale(loaded)  # what learn() does with sb3-safe's callbacks or algorithms
     for progress in (1.0, 0.5, 0.1, 0.0):
-        expected = max(0.0, scale * configured(max(progress, 0.0)))
-        if bounds is not None:
-            expected = min(max(expected, bounds[0]), bounds[1])
-        for name, candidate in (("model", model), ("loaded", loaded)):
+        unbounded = max(0.0, scale * configured(max(progress, 0.0)))
+        expected = unbounded if bounds is None else min(max(unbounded, bounds[0]), bounds[1])
+        for name, candidate, wanted in (("model", model, expected), ("loaded", loaded, unbounded)):
             value = candidate.lr_schedule(progress)
-            if not math.isclose(value, expected, rel_tol=1e-9, abs_tol=1e-15):
-                problems.append(f"{name} lr_schedule({progress}) = {value:.6g}, expected {expected:.6g}")
-    if learning_rate_bounds(loaded) != bounds:
-        problems.append(f"loaded bounds {learning_rate_bounds(loaded)} != {bounds}")
+            if not math.isclose(value, wanted, rel_tol=1e-9, abs_tol=1e-15):
+                problems.append(f"{name} lr_schedule({progress}) = {value:.6g}, expected {wanted:.6g}")
+        for name, candidate in (("model", model), ("loaded", loaded)):
+            rate = FloatSchedule(candidate.learning_rate)(progress)
+            if not math.isclose(rate, configured(progress), rel_tol=1e-9, abs_tol=1e-15):
+                problems.append(f"{name} learning_rate({progress}) = {rate:.6g}, not the configured one")
     return problems
 
 

@@ -26,7 +26,7 @@ import sb3_safe.common.adaptive_lr as adaptive_lr
 from sb3_safe import KLAdaptiveLRCallback, KLAdaptivePPO, NonFiniteGuardCallback, NonFiniteGuardWarning, SafeA2C
 from sb3_safe.common.adaptive_lr import MEASURED_FIRST, MEASURED_SAMPLES, learning_rate_factor
 from sb3_safe.common.guard.watch import WatchedModel
-from sb3_safe.common.schedules import learning_rate_scale
+from sb3_safe.common.schedules import learning_rate_scale, scale_learning_rate
 
 #: Copied where an A2C gets it: SB3's A2C writes its RMSprop into the policy_kwargs dict it is given
 SMALL = dict(net_arch=[16])
@@ -278,13 +278,16 @@ def test_the_scale_moves_only_where_the_rate_in_use_can_follow(
     learning_rate: float, kl_over_target: float, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """
-    Promise: the bounds clamp the rate a step uses, never the scale; a decision moves the scale only as far as the
-    rate in use can move, so that no clamp is folded into the saved scale without a decision.
+    Promise: the bounds (here the kind's, ``raise_above_configured``) clamp the rate a step uses, never the scale; a
+    decision moves the scale only as far as the rate in use can move, so that no clamp is folded into the saved
+    scale without a decision.
     """
     target = 0.015
     scripted_kl(monkeypatch, [kl_over_target * target])
     model = small_ppo(learning_rate=learning_rate)
-    callback = KLAdaptiveLRCallback(target_kl=target, undo_above=1e12, raise_after=1, window_steps=16)
+    callback = KLAdaptiveLRCallback(
+        target_kl=target, undo_above=1e12, raise_after=1, window_steps=16, raise_above_configured=True
+    )
     model.learn(16 * 3, callback=callback)
     assert [f for _, f in callback.decisions] == [1.0] * 3
     assert learning_rate_scale(model) == 1.0
@@ -294,11 +297,13 @@ def test_the_scale_moves_only_where_the_rate_in_use_can_follow(
 
 def test_a_decision_when_a_decaying_schedule_has_reached_zero_moves_nothing() -> None:
     """
-    Promise: the tail of a decaying schedule is held at the lower bound; a decision made where the schedule is at 0
-    (the last update of a budget that is a multiple of the rollout) leaves the scale alone, as no scale moves it.
+    Promise: with bounds (here the kind's, ``raise_above_configured``) the tail of a decaying schedule is held at the
+    lower bound; a decision made where the schedule is at 0 (the last update of a budget that is a multiple of the
+    rollout) leaves the scale alone, as no scale moves it.
     """
     model = small_ppo(learning_rate=linear_schedule(1e-3))
-    callback = KLAdaptiveLRCallback(target_kl=0.5, raise_after=1, window_steps=16)  # every window far below: raises
+    # every window far below: raises
+    callback = KLAdaptiveLRCallback(target_kl=0.5, raise_after=1, window_steps=16, raise_above_configured=True)
     model.learn(16 * 3, callback=callback)
     assert model._current_progress_remaining == 0.0
     factors = [f for _, f in callback.decisions]
@@ -422,8 +427,9 @@ def test_the_adaptive_lr_option_keeps_the_callbacks_given_to_learn() -> None:
 def test_the_default_upper_bound_is_the_configured_rate_for_plain_sgd(
     optimizer_class: type[th.optim.Optimizer], learning_rate: Any, highest: float
 ) -> None:
+    """Promise: the kind's bounds (``raise_above_configured``) reach up to a plain-SGD configured rate."""
     model = small_ppo(learning_rate, policy_kwargs=dict(SMALL, optimizer_class=optimizer_class))
-    callback = KLAdaptiveLRCallback()
+    callback = KLAdaptiveLRCallback(raise_above_configured=True)
     model.learn(16, callback=callback)
     assert callback.bounds == (adaptive_lr.LOWEST_LEARNING_RATE, highest)
     assert model.policy.optimizer.param_groups[0]["lr"] <= highest
@@ -431,11 +437,11 @@ def test_the_default_upper_bound_is_the_configured_rate_for_plain_sgd(
 
 def test_plain_sgd_trains_at_its_configured_rate_and_its_bound_stays_the_configured_one() -> None:
     model = small_ppo(0.05, policy_kwargs=dict(SMALL, optimizer_class=th.optim.SGD))
-    callback = KLAdaptiveLRCallback(trust_region=False)
+    callback = KLAdaptiveLRCallback(trust_region=False, raise_above_configured=True)
     model.learn(16, callback=callback)
     assert model.policy.optimizer.param_groups[0]["lr"] == pytest.approx(0.05)
     # The scale lowered (a guard's rollback, a decision): the bound is still the configured rate, not the scaled one
-    adaptive_lr.scale_learning_rate(model, [model.policy.optimizer], 0.25)
+    scale_learning_rate(model, [model.policy.optimizer], 0.25)
     model.learn(16, callback=callback, reset_num_timesteps=False)
     assert callback.bounds == (adaptive_lr.LOWEST_LEARNING_RATE, 0.05)
 

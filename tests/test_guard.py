@@ -35,6 +35,7 @@ from sb3_safe import (
 from sb3_safe.common.callbacks import REPORT_FILENAME, ScaledSchedule
 from sb3_safe.common.exploration import ExplorationWarning
 from sb3_safe.common.guard import SnapshotStore, WatchedModel
+from sb3_safe.common.schedules import apply_learning_rate_scale, learning_rate_scale
 
 
 @pytest.fixture(autouse=True)
@@ -295,8 +296,12 @@ def test_rollback_decay_holds_under_a_schedule_and_survives_save_load(tmp_path: 
     # The last train() ran after the last rollout, when progress_remaining was 1 - 192 / 192
     assert model.policy.optimizer.param_groups[0]["lr"] == pytest.approx(0.25 * schedule(0.0))
     assert isinstance(model.lr_schedule, ScaledSchedule)
+    assert model.learning_rate is schedule  # the configured rate stays the user's; the scale is kept beside it
     model.save(tmp_path / "model.zip")
     loaded = PPO.load(tmp_path / "model.zip", device="cpu")
+    assert learning_rate_scale(loaded) == pytest.approx(0.25)
+    # load() rebuilds lr_schedule from learning_rate: sb3-safe's callbacks and algorithms apply the scale at learn()
+    apply_learning_rate_scale(loaded)
     assert loaded.lr_schedule(0.5) == pytest.approx(0.25 * schedule(0.5))
 
 

@@ -231,12 +231,13 @@ def _doctor_healthy(printed: str, namespace: dict[str, Any]) -> None:
 
 
 def _adaptive_lr_moved(printed: str, namespace: dict[str, Any]) -> None:
-    # "the callback brings it back into a sound range": the rate the steps use is inside the bounds of PPO-style
-    # algorithms from the first update on, 100 times below the configured one
+    # "updates that move the policy too far are undone and redone at a lower rate, and the rate never goes above the
+    # configured one" (0.1; the floor of a cut is 1e-5)
     learning_rate, redone, decisions = printed.split(" ", 2)
     callback = namespace["adaptive_lr"]
     assert float(learning_rate) == namespace["model"].policy.optimizer.param_groups[0]["lr"]
-    assert 1e-5 <= float(learning_rate) <= 1e-3 and callback.history
+    assert 1e-5 <= float(learning_rate) <= 0.1 and int(redone) >= 1 and callback.history
+    assert all(1e-5 <= rate <= 0.1 for _, rate in callback.history)
     assert int(redone) == callback.redone_updates and decisions.strip() == str(callback.decisions)
 
 

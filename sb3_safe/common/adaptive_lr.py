@@ -7,10 +7,12 @@ target, multiply it by 1.5 below half the target, clip it to [1e-5, 1e-2]) is ap
 minibatch's ratio before its own step (which is 1, so its KL is ~0 and pushes the learning rate up on noise); its
 step comes from the measured ratio rather than a fixed 1.5; and an update whose KL overshoots a hard bound is undone
 (the parameters, optimizer state and ``rollback_attributes`` restored from a snapshot) and redone on the same rollout
-at a lower learning rate: a trust region for algorithms that have none.
+at a lower learning rate: a trust region for algorithms that have none. The configured learning rate is the user's:
+by default the callback lowers it and recovers it, never raises it above it (bounds that allow a raise are opt-in).
 """
 
 import math
+import warnings
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -28,15 +30,19 @@ from sb3_safe.common.guard.watch import WatchedModel
 from sb3_safe.common.kl import distribution_params, has_analytic_kl
 from sb3_safe.common.rollout_kl import Rollout, mean_kl, mean_kl_on_batch, old_distribution_params
 from sb3_safe.common.schedules import (
+    apply_learning_rate_scale,
     configured_learning_rate,
+    current_learning_rate,
     learning_rate_scale,
-    scale_learning_rate,
+    scheduled_learning_rate,
     set_learning_rate_bounds,
+    set_learning_rate_scale,
     unbounded_learning_rate,
 )
 from sb3_safe.common.supervisor import UpdateSupervisor
 
-#: The anchors' lower bound on the learning rate (rsl_rl, SBX); the upper one is the kind's (:class:`KLTargets`)
+#: The anchors' lower bound on the learning rate (rsl_rl, SBX): by default the floor of a cut (or the configured rate
+#: where it is lower); with ``raise_above_configured`` the lower bound, the upper one the kind's (:class:`KLTargets`)
 LOWEST_LEARNING_RATE = 1e-5
 #: Optimizers whose step is the learning rate times the gradient, not normalized by the gradient's running size as
 #: Adam's and RMSprop's: the rates that suit them can be far above the kinds' upper bounds (measured on MaskablePPO
@@ -155,18 +161,30 @@ class KLAdaptiveLRCallback(BaseCallback):
       every update; A2C's of 40: every 52 updates, whose single KLs are mostly noise); a raise waits for
       ``raise_after`` decisions in a row below ``target_kl / tolerance`` and steps by the highest of their KLs.
 
-    The learning rate lives in one scale of the model's schedule (:mod:`sb3_safe.common.schedules`), which
-    :class:`~sb3_safe.NonFiniteGuardCallback`'s rollbacks lower too: both act on the same learning rate, it is saved
-    with the model (``model.learning_rate``), a rollback brings it back to at most the healthy state's and lowers it
-    by ``lr_decay``, and this callback adapts from there. ``lr_bounds`` clamp the rate each step uses (also before
-    the first update: a configured learning rate above them starts at the upper bound; and the tail of a decaying
-    schedule is held at the lower one), never the scale: the saved scale is what the decisions, redos and rollbacks
-    chose, and a decision moves the rate in use as far as the bounds let it. With the guard on the same model, in
-    either order, the two judge each update as one supervisor (:mod:`sb3_safe.common.supervisor`).
+    **The configured learning rate is the user's.** By default the callback never raises the rate above the
+    configured one (a schedule's value at the current progress) and clamps nothing before a KL was measured: the first
+    update runs at exactly the configured rate, however high or low. It lowers the rate (a redo, a window above the
+    band), never below :data:`LOWEST_LEARNING_RATE` (or the configured rate, where that is lower), and raises it back
+    up to the configured rate at most. Raising above it is opt-in: ``lr_bounds=(lowest, highest)`` clamp the rate a
+    step uses into them from the first update on and let decisions raise it up to ``highest``;
+    ``raise_above_configured=True`` does so with the kind's bounds (PPO-style ``(1e-5, 1e-3)``, A2C-style
+    ``(1e-5, 1e-2)``; plain SGD's upper bound at least the configured rate, :data:`GRADIENT_SCALED_OPTIMIZERS`). Bounds
+    clamp the rate, never the scale: the saved scale is what the decisions, redos and rollbacks chose, and a decision
+    moves the rate in use as far as the bounds let it.
+
+    The learning rate has one scale (:mod:`sb3_safe.common.schedules`), which
+    :class:`~sb3_safe.NonFiniteGuardCallback`'s rollbacks lower too: both act on the same learning rate. It is a model
+    attribute saved with the model, applied to ``model.lr_schedule`` at the start of each ``learn()``;
+    ``model.learning_rate`` stays what the user passed. A rollback brings the scale back to at most the healthy
+    state's and lowers it by ``lr_decay``, and this callback adapts from there; without bounds, a scale above 1 (from an
+    earlier ``learn()`` that raised it) is brought back to 1 at the start of ``learn()``, with a warning. With the guard
+    on the same model, in either order, the two judge each update as one supervisor (:mod:`sb3_safe.common.supervisor`).
 
     Logged: ``train/learning_rate`` (SB3's, the learning rate of the kept update), ``train/kl`` (its mean KL),
-    ``train/kl_window`` (the mean KL per update a decision was made on), ``train/lr_scale`` (the schedule's scale) and
-    ``train/redone_updates`` (updates undone and redone so far in this ``learn()``).
+    ``train/kl_window`` (the mean KL per update a decision was made on), ``train/lr_factor`` (the factor the judgement
+    of the update applied to the learning rate: redos and decision; 1 if unchanged), ``train/lr_scale`` (the scale)
+    and ``train/redone_updates`` (updates undone and redone so far in this ``learn()``). With ``verbose=1`` each change
+    of the rate is printed with the KL that decided it.
 
     Why this design (``benchmarks/results/robustness.md`` and ``adaptive_lr.md`` measure it): the KL of the whole
     rollout after the update phase, because a minibatch's KL before its own step is ~0 and one pass over the rollout
@@ -174,12 +192,12 @@ class KLAdaptiveLRCallback(BaseCallback):
     square of the learning rate for small updates, so one step lands near the target where the anchors' fixed 1.5
     needs many; undoing an update far above the target, because one update at a learning rate 100 times too high
     can move the policy so far (a KL of 15 on Pendulum-v1; a softmax saturated for good on CartPole-v1) that no
-    later learning rate brings it back; absolute bounds (PPO-style: the upper one below the anchors', since where
-    PPO's clipping holds the KL in range a rate too high for the critic is not seen by the KL),
-    which also catch a configured learning rate far too high before its first update; a raise only on evidence
-    (PPO-style: two updates in a row below the band), because where the clipping holds the KL in the band nothing
-    takes a raise on one noisy reading back, and the rate ratchets up to the bound. The defaults per kind of
-    algorithm (:data:`PPO_STYLE`, :data:`ONE_STEP`) come from the tuned settings' own KLs, so that at a sound
+    later learning rate brings it back; never above the configured rate by default, because a tuned rate raised where
+    its KL was low lost (rl-zoo's Walker2d-v5 rate raised 3.4x for 300k steps ended at 0.72x stock PPO's return,
+    ``benchmarks/results/full_budget.md``), and where PPO's clipping holds the KL in range a rate too high for the
+    critic is not seen by the KL; a raise only on evidence (PPO-style: two updates in a row below the band), because
+    where the clipping holds the KL in the band nothing takes a raise on one noisy reading back. The defaults per kind
+    of algorithm (:data:`PPO_STYLE`, :data:`ONE_STEP`) come from the tuned settings' own KLs, so that at a sound
     learning rate the callback changes little; A2C's sits above them (its learning rate drifted below the tuned one
     on the KLs' heavy tail).
 
@@ -197,16 +215,22 @@ class KLAdaptiveLRCallback(BaseCallback):
     :param tolerance: no change while the KL is within a factor ``tolerance`` of ``target_kl``; > 1
     :param max_step: the learning rate changes by at most this factor per decision; > 1
     :param undo_above: undo and redo an update whose KL exceeds this multiple of ``target_kl``; None: the kind's
-        default (:data:`PPO_STYLE`, :data:`ONE_STEP`)
+        default (:data:`PPO_STYLE`, :data:`ONE_STEP`); > 1
     :param raise_after: decisions in a row below the band before a raise; None: the kind's default (PPO-style 2,
-        A2C-style 1)
+        A2C-style 1); an int >= 1
     :param trust_region: False: never undo an update (adapt only)
-    :param max_redos: redos per update at most
-    :param window_steps: least number of environment steps between two decisions on the learning rate
-    :param lr_bounds: ``(lowest, highest)`` learning rate; None: ``(1e-5, 1e-3)`` (:data:`PPO_STYLE`), ``(1e-5, 1e-2)``
-        for A2C and SafeA2C (:data:`ONE_STEP`), the upper bound raised to the configured learning rate (the
-        schedule's start) where it is higher and the optimizer is plain SGD (:data:`GRADIENT_SCALED_OPTIMIZERS`)
-    :param verbose: 1: print each redo
+    :param max_redos: redos per update at most; an int >= 0
+    :param window_steps: least number of environment steps between two decisions on the learning rate; an int >= 1
+    :param lr_bounds: ``(lowest, highest)`` learning rate, ``0 < lowest <= highest < inf``: the rate each step uses
+        is clamped into them from the first update on, and decisions may raise it up to ``highest``, above the
+        configured rate. None (the default): no bounds; the rate stays at most the configured one (see above)
+    :param raise_above_configured: True: without ``lr_bounds``, the kind's bounds (PPO-style ``(1e-5, 1e-3)``
+        (:data:`PPO_STYLE`), A2C-style ``(1e-5, 1e-2)`` (:data:`ONE_STEP`), the upper one raised to the configured
+        rate (the schedule's start) where it is higher and the optimizer is plain SGD
+        (:data:`GRADIENT_SCALED_OPTIMIZERS`)), which clamp from the first update on and let decisions raise the rate
+        up to the upper one: the default before 0.2.0. Given ``lr_bounds`` win. False (the default): never above the
+        configured rate. True or False
+    :param verbose: 1: print each change of the learning rate (redos and decisions) with the KL that decided it
     """
 
     def __init__(
@@ -220,6 +244,7 @@ class KLAdaptiveLRCallback(BaseCallback):
         max_redos: int = 3,
         window_steps: int = 2048,
         lr_bounds: tuple[float, float] | None = None,
+        raise_above_configured: bool = False,
         verbose: int = 0,
     ) -> None:
         super().__init__(verbose)
@@ -238,12 +263,18 @@ class KLAdaptiveLRCallback(BaseCallback):
         self.raise_after = raise_after
         self.window_steps = window_steps
         self.lr_bounds = None if lr_bounds is None else _check_bounds(lr_bounds)
-        #: the bounds in use in this learn(), the kind's default resolved
-        self.bounds = (LOWEST_LEARNING_RATE, PPO_STYLE.highest_learning_rate)
+        if not isinstance(raise_above_configured, bool):
+            raise ValueError(f"raise_above_configured must be True or False, got {raise_above_configured!r}")
+        self.raise_above_configured = raise_above_configured
+        #: the bounds the learning rate is clamped into in this learn(): ``lr_bounds``, the kind's with
+        #: ``raise_above_configured``; None by default (the configured rate is the highest, no clamp)
+        self.bounds: tuple[float, float] | None = None
         #: the settings in use in this learn(), defaults resolved for the algorithm
         self.targets = PPO_STYLE
         #: updates undone and redone in this learn()
         self.redone_updates = 0
+        #: the factor the judgement of the current update applied to the learning rate (``train/lr_factor``)
+        self._factor = 1.0
         #: (KL of the kept update, learning rate it used), one per update of this learn()
         self.history: list[tuple[float, float]] = []
         #: (mean KL per update of the window, factor applied to the scale), one per decision of this learn()
@@ -280,8 +311,15 @@ class KLAdaptiveLRCallback(BaseCallback):
             keep_redo_rate=defaults.keep_redo_rate,
         )
         self._recent_windows = deque(maxlen=self.targets.raise_after)
-        self.bounds = self.lr_bounds or (LOWEST_LEARNING_RATE, _default_highest_learning_rate(model, defaults))
-        # The bounds clamp the rate each step uses (also of a configured rate far too high, before the first update)
+        if self.lr_bounds is not None:
+            self.bounds = self.lr_bounds
+        elif self.raise_above_configured:
+            self.bounds = (LOWEST_LEARNING_RATE, _default_highest_learning_rate(model, defaults))
+        else:
+            self.bounds = None
+            self._bring_a_raised_scale_back(model)
+        # Bounds clamp the rate each step uses (also of a configured rate far too high, before the first update); by
+        # default there are none: the first update runs at the configured rate (times a rollback's or a cut's scale)
         set_learning_rate_bounds(model, [model.policy.optimizer], self.bounds)
         self.redone_updates = 0
         self.history, self.decisions, self._window = [], [], []
@@ -304,6 +342,23 @@ class KLAdaptiveLRCallback(BaseCallback):
         self._measure_every = max(1, math.ceil(MEASURED_SAMPLES / rollout_size)) if one_step else 1
         self._supervisor = UpdateSupervisor.of(model)
         self._supervisor.join(self, self.locals.get("callback"))
+
+    def _bring_a_raised_scale_back(self, model: OnPolicyAlgorithm) -> None:
+        """
+        By default the rate never runs above the configured one: a scale above 1 (raised by an earlier ``learn()`` with
+        ``lr_bounds`` or ``raise_above_configured``, saved with the model) is brought back to 1, and said so.
+        """
+        scale = learning_rate_scale(model)
+        if scale <= 1.0:
+            return
+        message = (
+            f"KLAdaptiveLRCallback: the learning-rate scale {scale:.4g} (raised above the configured rate by an "
+            f"earlier learn() with lr_bounds or raise_above_configured) is brought back to 1, the configured rate: "
+            f"pass raise_above_configured=True or lr_bounds to keep raising it."
+        )
+        warnings.warn(message, UserWarning, stacklevel=2)
+        set_learning_rate_scale(model, [model.policy.optimizer], 1.0)
+        self.logger.record("train/lr_scale", 1.0)
 
     def _on_step(self) -> bool:
         return True
@@ -364,6 +419,17 @@ class KLAdaptiveLRCallback(BaseCallback):
         pending, self._pending = self._pending, None
         if pending is None:
             return  # not an update measured (or learn() ended inside the rollout)
+        self._factor = 1.0
+        try:
+            self._judge(pending, at_end)
+        finally:
+            # Every change of the rate is logged with the KL it was decided on (train/kl, train/kl_window)
+            self.logger.record("train/lr_factor", self._factor)
+            self.logger.record("train/lr_scale", learning_rate_scale(self._algorithm))
+            self.logger.record("train/redone_updates", self.redone_updates)
+
+    def _judge(self, pending: "_PendingUpdate", at_end: bool) -> None:
+        """:meth:`judge_update`'s work on the update ``pending`` records."""
         model = self._algorithm
         kl = self._measure(pending)
         if kl is None:
@@ -379,7 +445,7 @@ class KLAdaptiveLRCallback(BaseCallback):
                 break  # at the lowest learning rate already: a redo would train at the same one
             self.redone_updates += 1
             redone = True
-            self._redo(pending, cut)
+            self._redo(pending, cut, kl)
             if self._supervisor.stopping or self._supervisor.restored:
                 return  # a guard rolled the redo back or stopped training: this update is no longer the one measured
             kl = self._measure(pending)
@@ -395,7 +461,10 @@ class KLAdaptiveLRCallback(BaseCallback):
             if not self.targets.keep_redo_rate and learning_rate > 0.0:
                 # The cut holds for that update only: the next ones run at the rate before it divided by max_step,
                 # or at the redo's where that is higher (a max_step above 2: a cut of 0.5 lowers less than it)
-                self._scale(max(1.0, first_rate / (self.max_step * learning_rate)))
+                self._scale(
+                    max(1.0, first_rate / (self.max_step * learning_rate)),
+                    f"the redo's cut holds for that update only, the next ones run at {first_rate:.3g} / {self.max_step:g}",
+                )
         if kl is None:
             return
         self.history.append((kl, learning_rate))
@@ -404,37 +473,66 @@ class KLAdaptiveLRCallback(BaseCallback):
             self._window.append(kl)
         if self._window and model.num_timesteps - self._window_start >= self.window_steps:
             window_kl = sum(self._window) / len(self._window)
-            self.decisions.append((window_kl, self._scale(self._decide(window_kl))))
+            factor = self._decide(window_kl)
+            low, high = target / self.tolerance, target * self.tolerance
+            where = "above" if window_kl > high else "below"
+            updates = f"{len(self._window)} update" + ("s" if len(self._window) > 1 else "")
+            reason = f"mean KL {window_kl:.3g} over {updates}, {where} [{low:.3g}, {high:.3g}]"
+            self.decisions.append((window_kl, self._scale(factor, reason)))
             self.logger.record("train/kl_window", window_kl)
             self._window, self._window_start = [], model.num_timesteps
-        self.logger.record("train/lr_scale", learning_rate_scale(model))
-        self.logger.record("train/redone_updates", self.redone_updates)
 
     def _step_learning_rate(self) -> float:
         """The learning rate the last optimizer step ran at (train() set it from the schedule)."""
         return float(self._algorithm.policy.optimizer.param_groups[0]["lr"])
 
     def _limited(self, factor: float) -> float:
+        """The factor :meth:`_scale` would apply to the scale for ``factor`` (see :meth:`_new_scale`)."""
+        scale = learning_rate_scale(self._algorithm)
+        return self._new_scale(factor) / scale if scale > 0.0 else 1.0
+
+    def _new_scale(self, factor: float) -> float:
         """
-        The factor for the scale that moves the rate a step uses (the schedule's, clamped into the bounds) by
-        ``factor``, as far as the bounds let it: a decision acts on the rate in use, also where the schedule lies
-        beyond a bound (a configured rate far too high is lowered at once), and never moves the scale where the rate
-        cannot follow (a lowering at the lower bound, a raise at the upper one), so that no clamp is folded into the
-        saved scale without a decision.
+        The scale that moves the rate a step uses by ``factor`` as far as the callback lets it.
+
+        By default (no bounds): never above the configured rate (the schedule's value at this progress: a scale of at
+        most 1), and a cut never below :data:`LOWEST_LEARNING_RATE` (or the configured rate, where it is lower); the
+        rate is not clamped otherwise. With bounds (``lr_bounds``, ``raise_above_configured``): the rate in use is the
+        schedule's clamped into them, a decision acts on it (a configured rate far too high is lowered at once) and
+        never moves the scale where the rate cannot follow (a lowering at the lower bound, a raise at the upper one),
+        so that no clamp is folded into the saved scale without a decision.
         """
-        rate = unbounded_learning_rate(self._algorithm)
+        model = self._algorithm
+        scale = learning_rate_scale(model)
+        rate = unbounded_learning_rate(model)
         if rate <= 0.0 or factor == 1.0:
-            return 1.0  # the schedule is at 0: a scale moves nothing
+            return scale  # the schedule is at 0: a scale moves nothing
+        if self.bounds is None:
+            if factor > 1.0:
+                return max(min(scale * factor, 1.0), scale)
+            floor = min(LOWEST_LEARNING_RATE / scheduled_learning_rate(model), 1.0)
+            return min(max(scale * factor, floor), scale)
         low, high = self.bounds
         moved = min(max(min(max(rate, low), high) * factor, low), high) / rate
-        return max(moved, 1.0) if factor > 1.0 else min(moved, 1.0)
+        return scale * (max(moved, 1.0) if factor > 1.0 else min(moved, 1.0))
 
-    def _scale(self, factor: float) -> float:
-        """Multiply the learning-rate scale by ``factor``, as far as the bounds let the rate move; return what it was."""
-        factor = self._limited(factor)
-        if factor != 1.0:
-            scale_learning_rate(self._algorithm, [self._algorithm.policy.optimizer], factor)
-        return factor
+    def _scale(self, factor: float, reason: str) -> float:
+        """
+        Multiply the learning-rate scale by ``factor``, as far as :meth:`_new_scale` lets the rate move; say so (at
+        ``verbose`` >= 1) with ``reason``, the measured KL that decided it; return the factor applied.
+        """
+        model = self._algorithm
+        scale, new_scale = learning_rate_scale(model), self._new_scale(factor)
+        if new_scale == scale:
+            return 1.0
+        before = current_learning_rate(model)
+        set_learning_rate_scale(model, [model.policy.optimizer], new_scale)
+        applied = new_scale / scale
+        self._factor *= applied
+        if self.verbose >= 1:
+            after = current_learning_rate(model)
+            print(f"KLAdaptiveLRCallback: {reason}: learning rate x {applied:.3g} ({before:.3g} -> {after:.3g})")
+        return applied
 
     def _take_snapshot(self) -> SnapshotStore | None:
         """The state to undo an update to, if the trust region is on and the state is finite (else the guard's job)."""
@@ -473,14 +571,19 @@ class KLAdaptiveLRCallback(BaseCallback):
             return 1.0
         return min(factors)
 
-    def _redo(self, pending: "_PendingUpdate", cut: float) -> None:
-        """Undo the update (the record's whole state, counters too), cut the learning rate, train on the same rollout."""
+    def _redo(self, pending: "_PendingUpdate", cut: float, kl: float) -> None:
+        """
+        Undo the update (the record's whole state, counters too), cut the learning rate, train on the same rollout.
+
+        :param pending: the record of the update
+        :param cut: the factor for the learning rate (:meth:`_limited`)
+        :param kl: the update's mean KL, which decided the redo
+        """
         model = self._algorithm
         assert pending.snapshot is not None
         pending.snapshot.restore()
-        self._scale(cut)
-        if self.verbose >= 1:
-            print(f"KLAdaptiveLRCallback: KL > {self.targets.undo_above:g} x target: update redone at lr x {cut:.3g}")
+        target = self.targets.target_kl
+        self._scale(cut, f"KL {kl:.3g} > {self.targets.undo_above:g} x target {target:.3g}, update redone")
         if self._train_batch is not None:
             self._train_batch.arm()
         # The buffer as train() first read it (get() and the next reset() put new arrays in place of these)
@@ -586,9 +689,14 @@ def with_adaptive_lr(model: OnPolicyAlgorithm, callback: MaybeCallback) -> Maybe
     for ``learn()``: one callback per model, so that a ``learn()`` that continues it counts on, as a callback the
     user passes to each ``learn()`` does.
 
+    The model's saved learning-rate scale is applied to its schedule here too (``load()`` rebuilt the schedule from
+    the configured ``learning_rate``, without it), so that sb3-safe's algorithms keep the scale of a rollback or of
+    this callback in a ``learn()`` without sb3-safe's callbacks.
+
     :param model: an algorithm with an ``adaptive_lr`` setting (KLAdaptivePPO, SafeA2C)
     :param callback: what ``learn()`` was given
     """
+    apply_learning_rate_scale(model)
     settings = getattr(model, "adaptive_lr", None)
     if settings is None:
         return callback

@@ -98,7 +98,8 @@ class NonFiniteGuardCallback(BaseCallback):
     - restored too: ``_n_updates`` and the skipped-step counts of sb3-safe's algorithms (they count the kept
       updates);
     - kept: ``num_timesteps``, the environment and its last observation, the lowered learning rate and the rollback
-      count. These two are stored on the model (in ``learning_rate`` and in ``nonfinite_guard_rollbacks``), so they
+      count. These two are stored on the model (the learning-rate scale in ``sb3_safe_lr_scale``, beside the
+      configured ``learning_rate``, which stays the user's; the count in ``nonfinite_guard_rollbacks``), so they
       survive ``save`` / ``load`` and a resumed ``learn()``: a resumed run does not get a fresh ``max_rollbacks``
       budget.
 

@@ -20,8 +20,10 @@ arrive does the work for all of them:
   the healthy state a rollback or a stop restores. So the healthy state is always a kept update, never an undone
   one.
 
-The learning rate has one owner, the schedule's scale (:mod:`sb3_safe.common.schedules`): KL decisions, redos and
-rollbacks multiply it; the adaptive learning rate's bounds clamp the rate a step uses, never the scale.
+The learning rate has one owner, the scale (:mod:`sb3_safe.common.schedules`, a model attribute saved with it): KL
+decisions, redos and rollbacks multiply it; the adaptive learning rate's bounds clamp the rate a step uses, never the
+scale. ``model.learning_rate`` stays the configured one; the supervisor applies the scale to ``model.lr_schedule`` when
+a ``learn()`` starts and before each update (``load()`` rebuilds the schedule without it).
 """
 
 import warnings
@@ -30,7 +32,7 @@ from typing import Any, Protocol
 
 from stable_baselines3.common.base_class import BaseAlgorithm
 
-from sb3_safe.common.schedules import ReadFromZero
+from sb3_safe.common.schedules import ReadFromZero, apply_learning_rate_scale
 
 #: The schedules SB3's on-policy algorithms read at each update (``clip_range_vf`` may be None)
 SCHEDULES = ("lr_schedule", "clip_range", "clip_range_vf")
@@ -117,6 +119,7 @@ class UpdateSupervisor:
             self._restore_schedules()
             self.guards, self.judges, self.restored = [], [], False
             self._learn, self._phase = learn, _COLLECTING
+            apply_learning_rate_scale(self.model)  # a loaded model's schedule was rebuilt without its saved scale
         members: list[Any] = self.judges if hasattr(participant, "judge_update") else self.guards
         if participant not in members:
             members.append(participant)
@@ -132,6 +135,7 @@ class UpdateSupervisor:
         if self._phase != _COLLECTING:
             return
         self._phase, self.restored = _UPDATING, False
+        apply_learning_rate_scale(self.model)  # (a no-op unless something rebuilt lr_schedule since)
         for guard in self.guards:
             guard.check_rollout()
         if self.judges and not self.stopping:

@@ -30,12 +30,12 @@ is committed as the healthy snapshot.
 
 **One rollback.** The response restores the healthy snapshot (tensors, optimizer state and hyperparameters,
 VecNormalize statistics, the algorithm's ``rollback_attributes``; gradients are cleared), multiplies the learning
-rate by ``lr_decay`` through :func:`~sb3_safe.common.schedules.scale_learning_rate` (the schedule, so that it holds
-after SB3's next schedule update, and the optimizers, for the rest of the current ``train()``), and counts the
-rollback on the model (``nonfinite_guard_rollbacks``). The update and skipped-step counts are restored with the
-state (they count the kept updates); ``num_timesteps``, the environment and its last observation are kept. If the
-fault was in this env step's normalized data, the callback normalizes it again with the restored statistics.
-Training goes on.
+rate by ``lr_decay`` through :func:`~sb3_safe.common.schedules.scale_learning_rate` (the scale saved on the model
+and applied to its schedule, so that it holds after SB3's next schedule update, and the optimizers, for the rest of
+the current ``train()``; ``model.learning_rate`` stays the configured one), and counts the rollback on the model
+(``nonfinite_guard_rollbacks``). The update and skipped-step counts are restored with the state (they count the kept
+updates); ``num_timesteps``, the environment and its last observation are kept. If the fault was in this env step's
+normalized data, the callback normalizes it again with the restored statistics. Training goes on.
 
 **One update with the adaptive learning rate** (guard and :class:`~sb3_safe.KLAdaptiveLRCallback` on one model, in
 either order, or ``adaptive_lr=`` plus the guard). Both forward their events to the model's
