@@ -222,11 +222,12 @@ def test_kl_adaptive_ppo_at_a_negligible_beta_takes_ppos_steps(capsys: pytest.Ca
 def test_safe_a2c_takes_a2cs_steps() -> None:
     """
     Promise: SafeA2C's loss is A2C's (policy gradient, the entropy of the action distribution, the value loss; SB3's
-    default settings): with SB3's critic (``normalize_value=False``), the same policy and seed it takes A2C's steps
-    where nothing is non-finite.
+    default settings): with SB3's critic (``normalize_value=False``) and raw observations (the drop-in policy's
+    default), the same policy and seed it takes A2C's steps where nothing is non-finite.
     """
     models, logs = [], []
-    for algo, kwargs in ((A2C, {}), (SafeA2C, dict(normalize_value=False))):
+    raw = dict(normalize_value=False, policy_kwargs=dict(normalize_observations=False))
+    for algo, kwargs in ((A2C, {}), (SafeA2C, raw)):
         model = algo(SafeActorCriticPolicy, "Pendulum-v1", ent_coef=0.01, seed=3, device="cpu", **kwargs)
         model.learn(50)
         models.append(model)
