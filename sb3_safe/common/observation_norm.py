@@ -167,6 +167,8 @@ class ObservationNormalizer(nn.Module):
         #: whether the observations :meth:`forward` receives are observed too (a rollout): a non-finite one is then
         #: named by :meth:`fold`, once per rollout, instead of by an operation more at every call
         self.observing = False
+        #: whether the pending statistics are to be committed at the next observation (a rollout's first step)
+        self.commit_due = False
 
     def forward(self, obs: th.Tensor) -> th.Tensor:
         """
@@ -229,9 +231,14 @@ class ObservationNormalizer(nn.Module):
         var, mean = th.var_mean(batch, dim=0, correction=0)
         merge_moments_into((self.pending_mean, self.pending_var, self.pending_count), mean, var, float(batch.shape[0]))
 
-    def drop_kept(self) -> None:
-        """Forget the observations kept and not folded in (a rollback's: they belong to the steps it undoes)."""
+    def restored(self) -> None:
+        """
+        Statistics restored (a rollback of the guard, an undone update): forget the observations kept and not folded in
+        (they belong to the steps undone), and, in a rollout, commit the restored pending statistics at its next step,
+        as at its first.
+        """
         self.kept.take()
+        self.commit_due = self.observing
 
     def commit(self) -> None:
         """Fold the pending statistics (and what :meth:`observe` kept) into those :meth:`forward` uses, and start new

@@ -211,7 +211,14 @@ class SafeDistributionMixin(BasePolicy):
     def forward(self, obs: th.Tensor, *args: Any, **kwargs: Any) -> Any:
         # forward() is how the on-policy algorithms act in a rollout (predict() and the updates do not call it)
         if self.normalize_observations and self._collecting_observations:
-            self.observation_normalizer.observe(obs)
+            normalizer = self.observation_normalizer
+            if normalizer.commit_due:
+                # The rollout's first step: the statistics take in the rollouts already trained on. Not at the switch
+                # to evaluation mode: what runs between it and this step (callbacks at the rollout's start: the
+                # adaptive lr's measurement of the last update, the guard's snapshot) sees the update's statistics
+                normalizer.commit()
+                normalizer.commit_due = False
+            normalizer.observe(obs)
         return super().forward(obs, *args, **kwargs)
 
     def predict_values(self, *args: Any, **kwargs: Any) -> th.Tensor:
@@ -288,11 +295,10 @@ class SafeDistributionMixin(BasePolicy):
         of each update (``True``); also projects the log-std parameter (:meth:`project_log_std`).
 
         With ``normalize_observations``, these calls delimit the rollouts whose observations the statistics take:
-        a rollout starts at a switch to evaluation mode outside :meth:`outside_rollouts` (``predict`` runs in it; the
-        statistics then take in the
-        rollouts already trained on, and stay fixed until the next rollout starts, so that an update recomputes
-        exactly the log-probabilities its rollout stored); the observations its ``forward`` calls see are kept
-        until the update starts.
+        a rollout starts at a switch to evaluation mode outside :meth:`outside_rollouts` (``predict`` runs in it). At
+        its first step the statistics take in the rollouts already trained on, and they stay fixed until the next
+        rollout's first step, so that an update recomputes exactly the log-probabilities its rollout stored. The
+        observations its ``forward`` calls see are kept, and join the pending statistics when it ends.
 
         :param mode: True for training mode (an update), False for evaluation mode (a rollout, ``predict``)
         """
@@ -308,7 +314,7 @@ class SafeDistributionMixin(BasePolicy):
             self._fold_rollout()
             self._collecting_observations = False
         elif not (self._outside_rollouts or self._collecting_observations):
-            normalizer.commit()
+            normalizer.commit_due = True
             self._collecting_observations = True
         normalizer.observing = self._collecting_observations and not self._outside_rollouts
 

@@ -86,8 +86,7 @@ class Snapshot:
         """
         self.flat.restore()
         for normalizer in watched.observation_normalizers:
-            # The snapshot folded in every observation kept before it: those kept since belong to the undone steps
-            normalizer.drop_kept()
+            normalizer.restored()
         saved = zip(watched.optimizers, self.optimizer_states, self.param_groups, strict=True)
         for (_, optimizer), states, groups in saved:
             # State entries created after the snapshot are dropped: the optimizer re-creates them lazily
