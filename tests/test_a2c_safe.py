@@ -168,7 +168,7 @@ def test_guarded_update_leaves_params_and_optimizer_state() -> None:
     """An inf reward gives a non-finite loss: the step is skipped, weights and RMSprop state unchanged (the statistics
     of the observations, which the rollouts update, aside)."""
     env = make_vec_env("CartPole-v1", n_envs=2, seed=0, wrapper_class=ConstantRewardWrapper)
-    model = SafeA2C("MlpPolicy", env, seed=0, device="cpu")
+    model = SafeA2C("MlpPolicy", env, seed=0, device="cpu", policy_kwargs=dict(normalize_observations="auto"))
     model.learn(100)
     assert model.skipped_updates == 0
     params = {name: value.clone() for name, value in model.policy.state_dict().items()}

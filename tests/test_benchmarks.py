@@ -233,8 +233,8 @@ def test_the_capped_stack_may_lower_the_tuned_rate_never_raise_it() -> None:
 
 @pytest.mark.parametrize("name", ["PPO+SafeMlpPolicy", "A2C+SafeMlpPolicy", "KLAdaptivePPO", "SafeA2C"])
 def test_benchmark_models_normalize_observations_once(name: str) -> None:
-    """A safe policy under a stock algorithm normalizes no observation by default (SB3's computation); the safe
-    algorithms' "auto" normalizes them unless the env's VecNormalize already does; a pinned True normalizes."""
+    """A safe policy under a stock algorithm or SafeA2C normalizes no observation by default (SB3's computation);
+    KLAdaptivePPO's "auto" normalizes them unless the env's VecNormalize already does; a pinned True normalizes."""
     from stable_baselines3.common.env_util import make_vec_env
     from stable_baselines3.common.vec_env import VecNormalize
 
@@ -245,7 +245,7 @@ def test_benchmark_models_normalize_observations_once(name: str) -> None:
             env = VecNormalize(env, **vec_normalize)
         model = variants.build_model(variant, env, seed=0, kwargs={})
         normalized_by_env = vec_normalize is not None and vec_normalize["norm_obs"]
-        auto = variant.algo in ("KLAdaptivePPO", "SafeA2C")
+        auto = variant.algo == "KLAdaptivePPO"
         assert hasattr(model.policy, "observation_normalizer") is (auto and not normalized_by_env)
     pinned = dataclasses.replace(variants.VARIANTS[name], normalize_observations=True)
     model = variants.build_model(pinned, VecNormalize(make_vec_env("Pendulum-v1", n_envs=1, seed=0)), seed=0, kwargs={})

@@ -17,6 +17,7 @@ from sb3_safe.common.numerics import (
     GradientNorm,
     TensorFiniteCheck,
     find_nonfinite,
+    note_restore,
 )
 
 EXTREMES = st.sampled_from([0.0, -0.0, 1e-45, 1e30, -1e30, 3.4e38, -3.4e38, 1.7e308, math.inf, -math.inf, math.nan])
@@ -204,16 +205,15 @@ class CountingSum:
         return sum(source.double().sum() for source in sources)
 
 
-def test_a_derived_value_is_derived_once_while_its_sources_keep_their_values() -> None:
+def test_a_derived_value_is_derived_once_while_its_sources_are_not_written() -> None:
     mean, var = th.zeros(3, dtype=th.float64), th.ones(3, dtype=th.float64)
     derive = CountingSum()
     derived = DerivedOnChange(derive)
     assert derived.get(mean, var).item() == 3.0 and derive.calls == 1
     for _ in range(5):
         assert derived.get(mean, var).item() == 3.0
-    # a copy with the same values, a write of the same values: unchanged
-    derived.get(mean.clone(), var.clone())
-    var.copy_(th.ones(3))
+    # reads (a forward pass, a snapshot's copy, a state dict) are not writes
+    mean.clone(), var.sum(), {"var": var.detach()}
     assert derived.get(mean, var).item() == 3.0 and derive.calls == 1
 
 
@@ -226,17 +226,25 @@ def test_a_derived_value_follows_every_kind_of_change_of_its_sources(device: str
     # in place, as an optimizer or merge_moments_into writes
     mean.add_(1.0)
     assert derived.get(mean, var).item() == 6.0 and derive.calls == 2
-    # through .data, outside autograd's version counters, as a rollback restores
-    version = var._version
-    var.data.copy_(th.full((3,), 2.0, dtype=th.float64))
-    assert var._version == version
+    # through .data, outside autograd's version counters: a rollback's FlatCopy.restore says so (note_restore)
+    copy = FlatCopy([("var", var)])
+    assert copy.update()  # keeps var = 1
+    var.data.fill_(2.0)
+    note_restore()
     assert derived.get(mean, var).item() == 9.0 and derive.calls == 3
+    version = var._version
+    copy.restore()
+    assert var._version == version
+    assert derived.get(mean, var).item() == 6.0 and derive.calls == 4
+    var.data.fill_(2.0)
+    note_restore()
+    assert derived.get(mean, var).item() == 9.0 and derive.calls == 5
     # one element of the second source only
     var[2] = 3.0
-    assert derived.get(mean, var).item() == 10.0 and derive.calls == 4
-    # the same values in another dtype (a module's .float()): derived again, in the new dtype's terms
-    assert derived.get(mean.float(), var).item() == 10.0 and derive.calls == 5
     assert derived.get(mean, var).item() == 10.0 and derive.calls == 6
+    # the same values in another dtype (a module's .float()): derived again, in the new dtype's terms
+    assert derived.get(mean.float(), var).item() == 10.0 and derive.calls == 7
+    assert derived.get(mean, var).item() == 10.0 and derive.calls == 8
     # the same values on the CPU where they were on an accelerator (a module's .to(device))
     if device != "cpu":
-        assert derived.get(mean.cpu(), var.cpu()).device.type == "cpu" and derive.calls == 7
+        assert derived.get(mean.cpu(), var.cpu()).device.type == "cpu" and derive.calls == 9

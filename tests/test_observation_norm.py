@@ -33,6 +33,7 @@ from sb3_safe import (
     SafeMlpPolicy,
 )
 from sb3_safe.common.maskable import SafeMaskableMlpPolicy
+from sb3_safe.common.numerics import note_restore
 from sb3_safe.common.observation_norm import CLIP, KEPT_ELEMENTS, STATISTICS, ObservationNormalizer
 from sb3_safe.common.recurrent import SafeMlpLstmPolicy
 from sb3_safe.doctor import diagnose
@@ -153,7 +154,8 @@ def test_forward_follows_statistics_written_any_way() -> None:
     normalizer.commit()
     assert normalizer(th.tensor([[3.0]])).item() == 1.0
     saved = {name: tensor.clone() for name, tensor in normalizer.state_dict().items()}
-    normalizer.obs_mean.data.copy_(th.tensor([5.0], dtype=th.float64))  # as FlatCopy.restore writes
+    normalizer.obs_mean.data.copy_(th.tensor([5.0], dtype=th.float64))  # as FlatCopy.restore writes, and says
+    note_restore()
     assert normalizer(th.tensor([[3.0]])).item() == -2.0
     normalizer.load_state_dict(saved)
     assert normalizer(th.tensor([[3.0]])).item() == 1.0
@@ -430,18 +432,23 @@ def test_auto_normalizes_box_observations_that_are_not_images(policy: type, spac
     assert not any(module._forward_pre_hooks for module in default.modules())
 
 
-@pytest.mark.parametrize("algo", [SafeA2C, KLAdaptivePPO])
-@pytest.mark.parametrize(("norm_obs", "setting", "normalized"), [(True, None, False), (False, None, True), (True, True, True)])
+@pytest.mark.parametrize(("algo", "default"), [(SafeA2C, False), (KLAdaptivePPO, True)])
+@pytest.mark.parametrize(
+    ("norm_obs", "setting", "normalized"),
+    [(True, None, False), (False, None, None), (True, "auto", False), (False, "auto", True), (True, True, True)],
+)
 def test_safe_algorithms_leave_it_to_a_vecnormalize_that_normalizes_observations(
-    algo: type, norm_obs: bool, setting: bool | None, normalized: bool
+    algo: type, default: bool, norm_obs: bool, setting: bool | str | None, normalized: bool | None
 ) -> None:
-    """Observations a VecNormalize(norm_obs=True) normalizes are not normalized again by "auto" (saved decided in
+    """KLAdaptivePPO's default is "auto", SafeA2C's False (A2C's few-step updates pay for the per-step normalization);
+    observations a VecNormalize(norm_obs=True) normalizes are not normalized again by "auto" (saved decided in
     policy_kwargs); one that only normalizes rewards leaves it on; an explicit setting is kept."""
     env = VecNormalize(DummyVecEnv([lambda: gym.make("CartPole-v1")]), norm_obs=norm_obs)
     policy_kwargs = {} if setting is None else dict(normalize_observations=setting)
     model = algo("MlpPolicy", env, n_steps=8, policy_kwargs=policy_kwargs)
-    assert model.policy.normalize_observations is normalized
-    assert model.policy_kwargs.get("normalize_observations", "auto") in (normalized, "auto")
+    expected = default if normalized is None else normalized
+    assert model.policy.normalize_observations is expected
+    assert model.policy_kwargs["normalize_observations"] in (expected, "auto")
 
 
 def test_an_invalid_setting_is_refused_under_vecnormalize_too() -> None:
@@ -463,7 +470,9 @@ def test_checkpoints_load_with_the_normalization_they_were_trained_with(stock: t
     obs = np.stack([raw_cartpole().reset(seed=seed)[0] for seed in range(8)])
     assert np.array_equal(continued.predict(obs, deterministic=True)[0], trained_raw.predict(obs, deterministic=True)[0])
 
-    trained_normalized = safe("MlpPolicy", raw_cartpole(), n_steps=8, seed=0)
+    trained_normalized = safe(
+        "MlpPolicy", raw_cartpole(), n_steps=8, seed=0, policy_kwargs=dict(normalize_observations="auto")
+    )
     trained_normalized.learn(32)
     assert trained_normalized.policy.observation_normalizer.obs_count.item() > 0
     trained_normalized.save(tmp_path / "normalized")
@@ -586,15 +595,16 @@ def test_double_normalization_is_named_once(make: Any) -> None:
     """A policy told to normalize, in a VecNormalize(norm_obs=True): one warning naming both, whether the algorithm
     (KLAdaptivePPO's set-up) or a callback (the guard, the adaptive lr, at training start) sees it, however many
     learn() calls; "auto" in a safe algorithm, and a stock algorithm without sb3-safe's callbacks, stay silent."""
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        model = make(VecNormalize(DummyVecEnv([lambda: gym.make("CartPole-v1")])))
-        for _ in range(2):
-            model.learn(16, callback=[NonFiniteGuardCallback(), KLAdaptiveLRCallback()])
-    named = [warning for warning in caught if "normalized twice" in str(warning.message)]
-    assert len(named) == 1
-    assert "VecNormalize(norm_obs=True)" in str(named[0].message)
-    assert "normalize_observations=False" in str(named[0].message)
+    for callbacks in (lambda: [NonFiniteGuardCallback(), KLAdaptiveLRCallback()], lambda: [KLAdaptiveLRCallback()]):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            model = make(VecNormalize(DummyVecEnv([lambda: gym.make("CartPole-v1")])))
+            for _ in range(2):
+                model.learn(16, callback=callbacks())
+        named = [warning for warning in caught if "normalized twice" in str(warning.message)]
+        assert len(named) == 1
+        assert "VecNormalize(norm_obs=True)" in str(named[0].message)
+        assert "normalize_observations=False" in str(named[0].message)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         auto = KLAdaptivePPO("MlpPolicy", VecNormalize(DummyVecEnv([lambda: gym.make("CartPole-v1")])), n_steps=16)

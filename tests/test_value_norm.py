@@ -27,6 +27,7 @@ from torch.nn import functional as F
 
 import sb3_safe
 from sb3_safe import KLAdaptiveLRCallback, KLAdaptivePPO, NonFiniteGuardCallback, SafeA2C
+from sb3_safe.common.numerics import note_restore
 from sb3_safe.common.value_norm import PopArtValueHead, install_value_normalization, normalized_values, value_head
 
 ALGORITHMS = [
@@ -132,7 +133,8 @@ def test_values_follow_the_statistics_however_they_are_written() -> None:
     normalized = F.linear(latent, head.weight, head.bias).double()
     assert th.allclose(head(latent).double(), normalized + 2.0)
     saved = {name: tensor.clone() for name, tensor in head.state_dict().items()}
-    head.return_var.data.fill_(4.0)  # as the guard's FlatCopy.restore writes
+    head.return_var.data.fill_(4.0)  # as the guard's FlatCopy.restore writes, and says
+    note_restore()
     assert th.allclose(head(latent).double(), 2 * normalized + 2.0)
     head.load_state_dict(saved)
     assert th.allclose(head(latent).double(), normalized + 2.0)

@@ -103,7 +103,9 @@ class SafeA2C(A2C):
         the reported success rate, mean episode length, and mean reward over
     :param tensorboard_log: the log location for tensorboard (if None, no logging)
     :param policy_kwargs: additional arguments to be passed to the policy on creation
-        (e.g. ``logit_bound``, ``log_std_range``, ``squash_output`` of the safe policies)
+        (e.g. ``logit_bound``, ``log_std_range``, ``squash_output`` of the safe policies; their
+        ``normalize_observations`` is ``False`` by default here, as in the drop-in policies: ``"auto"`` normalizes Box
+        observations that are not images unless the env's ``VecNormalize(norm_obs=True)`` does)
     :param verbose: Verbosity level: 0 for no output, 1 for info messages (such as device or wrappers used), 2 for
         debug messages
     :param seed: Seed for the pseudo random generators
@@ -229,7 +231,9 @@ class SafeA2C(A2C):
         return super().load(path, env, device, custom_objects, print_system_info, force_reset, **kwargs)
 
     def _setup_model(self) -> None:
-        self.policy_kwargs = decide_normalize_observations(self.policy_class, self.policy_kwargs, self.env)
+        # Off unless asked for: on A2C's updates of a few steps, the per-step normalization costs several percent of the
+        # time of a small network (benchmarks/results/overhead.md), where PPO's long rollouts hide it
+        self.policy_kwargs = decide_normalize_observations(self.policy_class, self.policy_kwargs, self.env, False)
         super()._setup_model()
         warn_if_normalized_twice(self.policy, self.env)
         self.normalize_value = resolve_normalize_value(self.normalize_value, self.env)

@@ -28,6 +28,7 @@ from stable_baselines3.common.type_aliases import MaybeCallback
 from sb3_safe.common.guard.snapshot import SnapshotStore
 from sb3_safe.common.guard.watch import WatchedModel
 from sb3_safe.common.kl import distribution_params, has_analytic_kl
+from sb3_safe.common.observation_norm import warn_if_normalized_twice
 from sb3_safe.common.rollout_kl import Rollout, mean_kl, mean_kl_on_batch, old_distribution_params
 from sb3_safe.common.schedules import (
     apply_learning_rate_scale,
@@ -299,6 +300,7 @@ class KLAdaptiveLRCallback(BaseCallback):
                 f"KLAdaptiveLRCallback adapts the learning rate of on-policy algorithms that take gradient steps on "
                 f"their policy (PPO, A2C, KLAdaptivePPO, SafeA2C, MaskablePPO, RecurrentPPO), got {type(model).__name__}"
             )
+        warn_if_normalized_twice(model.policy, model.get_env())
         one_step = isinstance(model, A2C)
         defaults = ONE_STEP if one_step else PPO_STYLE
         # KLAdaptivePPO's penalty aims at its own target: the same one, so the two controllers agree

@@ -1,5 +1,6 @@
 """Finiteness checks and the error they raise, and running statistics, shared by policies, algorithms and callbacks."""
 
+import itertools
 import math
 from collections.abc import Callable, Container, Iterable, Sequence
 from dataclasses import dataclass
@@ -48,6 +49,11 @@ def merge_moments_into(
     """
     mean, var, count = moments
     first_count = count.item()
+    if first_count == 0:  # nothing to merge with (a first rollout, empty pending statistics): three copies
+        mean.copy_(other_mean)
+        var.copy_(other_var)
+        count.fill_(other_count)
+        return
     total = first_count + other_count
     delta = other_mean - mean
     mean.add_(delta, alpha=other_count / total)
@@ -56,21 +62,34 @@ def merge_moments_into(
     count.fill_(total)
 
 
+#: Bumped by every write into tensors outside autograd's version counters (:meth:`FlatCopy.restore`): values derived
+#: from tensors (:class:`DerivedOnChange`) are derived again after it
+_restores = itertools.count(1)
+_last_restore = 0
+
+
+def note_restore() -> None:
+    """Say that tensors were written outside their version counters (through ``.data``): derived values go stale."""
+    global _last_restore
+    _last_restore = next(_restores)
+
+
 class DerivedOnChange(Generic[Derived]):
     """
-    A value derived from some tensors (a module's statistics), derived again only when their values change: forward
-    passes that read it at every call pay one comparison per tensor, not the derivation. Compared by value, not by
-    version, because a rollback writes the tensors outside autograd's version counters; a move to another device or
-    dtype (``.to()``, which replaces a module's buffers) is a change too. A plain object, not buffers: a module's
-    buffers are looked up by ``Module.__getattr__``, slow at every call.
+    A value derived from some tensors (a module's statistics), derived again only when they are written: forward passes
+    that read it at every call pay a comparison of version counters, no tensor operation. A write is an in-place
+    operation (which bumps the tensor's version counter: an optimizer, :func:`merge_moments_into`, ``load_state_dict``),
+    a restore through ``.data`` (:meth:`FlatCopy.restore`, which calls :func:`note_restore`), or a move to another
+    device or dtype (``.to()``, which replaces a module's buffers). A plain object, not buffers: a module's buffers are
+    looked up by ``Module.__getattr__``, slow at every call.
 
     :param derive: computes the value from the tensors, in the order :meth:`get` receives them
     """
 
     def __init__(self, derive: Callable[..., Derived]) -> None:
         self.derive = derive
-        #: copies of the tensors the value was derived from, and the value
-        self._sources: tuple[th.Tensor, ...] = ()
+        #: what identifies the sources' contents when the value was derived, and the value
+        self._stamp: tuple[object, ...] = ()
         self._value: Derived | None = None
 
     def get(self, *sources: th.Tensor) -> Derived:
@@ -78,16 +97,11 @@ class DerivedOnChange(Generic[Derived]):
         :param sources: the tensors, current values
         :return: the value derived from them
         """
-        if self._value is None or not self._unchanged(sources):
+        stamp = (_last_restore, *((source._version, source.data_ptr(), source.dtype) for source in sources))
+        if self._value is None or stamp != self._stamp:
             self._value = self.derive(*sources)
-            self._sources = tuple(source.clone() for source in sources)
+            self._stamp = stamp
         return self._value
-
-    def _unchanged(self, sources: tuple[th.Tensor, ...]) -> bool:
-        for source, copy in zip(sources, self._sources, strict=True):
-            if source.dtype is not copy.dtype or source.device != copy.device or not th.equal(source, copy):
-                return False
-        return True
 
 
 def count_nonfinite(tensor: th.Tensor) -> tuple[int, int, int]:
@@ -392,6 +406,7 @@ class FlatCopy:
         """
         for buffer in self._buffers:
             th._foreach_copy_([tensor.data for tensor in buffer.live], buffer.views)
+        note_restore()
 
     def find_nonfinite(self) -> list[NonFiniteTensor]:
         """Locate the non-finite tensors in the copies (the slow path)."""

@@ -90,22 +90,25 @@ def observations_normalized(env: VecEnv | None) -> bool:
     return vec_normalize is not None and vec_normalize.norm_obs
 
 
-def decide_normalize_observations(policy_class: type, policy_kwargs: dict[str, Any], env: VecEnv | None) -> dict[str, Any]:
+def decide_normalize_observations(
+    policy_class: type, policy_kwargs: dict[str, Any], env: VecEnv | None, default: NormalizeObservations
+) -> dict[str, Any]:
     """
-    A safe algorithm's ``policy_kwargs`` with ``normalize_observations`` decided: ``"auto"`` where left out (the safe
-    algorithms' default; the policies' own is False), and ``"auto"`` decided False where ``env`` normalizes the
-    observations already (``VecNormalize(norm_obs=True)``): a second normalization of normalized observations only
-    costs time. Otherwise left to the policy, which decides from its observation space. Called when the algorithm
-    sets up its model, ``load()`` included: a checkpoint keeps what it saved decided, and the policy's
-    ``load_state_dict`` matches the normalizer to the saved state either way.
+    A safe algorithm's ``policy_kwargs`` with ``normalize_observations`` decided: the algorithm's ``default`` where
+    left out, and ``"auto"`` decided False where ``env`` normalizes the observations already
+    (``VecNormalize(norm_obs=True)``): a second normalization of normalized observations only costs time. Otherwise
+    left to the policy, which decides from its observation space. Called when the algorithm sets up its model,
+    ``load()`` included: a checkpoint keeps what it saved decided, and the policy's ``load_state_dict`` matches the
+    normalizer to the saved state either way.
 
     :param policy_class: the algorithm's policy class (a policy without the keyword is left alone)
     :param policy_kwargs: the algorithm's ``policy_kwargs`` (not modified)
     :param env: the algorithm's environment
+    :param default: the algorithm's default setting
     """
     if "normalize_observations" not in getattr(policy_class, "safe_keywords", ()):
         return policy_kwargs
-    setting = policy_kwargs.get("normalize_observations", "auto")
+    setting = policy_kwargs.get("normalize_observations", default)
     auto = isinstance(setting, str) and setting == "auto"
     decided = False if auto and observations_normalized(env) else setting
     return {**policy_kwargs, "normalize_observations": decided}
@@ -206,7 +209,11 @@ class ObservationNormalizer(nn.Module):
 
         :param obs: observations, batch first
         """
-        rows = obs.detach().reshape(-1, *self.shape)
+        # Each operation counts at every step: the batch is reshaped only where it is not rows of one observation
+        # already, detached only where it holds a gradient (a rollout's do not)
+        rows = obs if obs.shape[1:] == self.shape else obs.reshape(-1, *self.shape)
+        if rows.requires_grad:
+            rows = rows.detach()
         if not self.kept.has_room_for(rows):
             self.fold()
         self.kept.add(rows)

@@ -83,7 +83,7 @@ class PopArtValueHead(nn.Module):
     @property
     def return_std(self) -> th.Tensor:
         """The standard deviation the returns are scaled by (float64), at least :data:`MIN_STD`."""
-        return _return_std(self.return_var)
+        return self._output_scale.get(self.return_mean, self.return_var, self.return_count).std
 
     def forward(self, latent: th.Tensor) -> th.Tensor:
         """
@@ -134,7 +134,7 @@ class PopArtValueHead(nn.Module):
         batch = th.as_tensor(returns, device=self.return_mean.device).reshape(-1, self.out_features).double()
         if batch.numel() == 0 or not bool(th.isfinite(batch).all()):
             return
-        had_returns = bool(self.return_count > 0)
+        had_returns = self.return_count.item() > 0
         old_mean, old_std = self.return_mean.clone(), self.return_std
         var, mean = th.var_mean(batch, dim=0, correction=0)
         merge_moments_into((self.return_mean, self.return_var, self.return_count), mean, var, float(batch.shape[0]))
@@ -160,13 +160,15 @@ class _OutputScale(NamedTuple):
     #: the scale in float64, for statistics beyond :data:`FLOAT32_LIMIT`
     scale64: th.Tensor
     in_float64: bool
+    #: the returns' standard deviation (float64), what targets and advantages are divided by
+    std: th.Tensor
 
 
 def _output_scale(return_mean: th.Tensor, return_var: th.Tensor, return_count: th.Tensor) -> _OutputScale:
     std = _return_std(return_var)
-    scale = th.where(return_count > 0, std, th.zeros_like(std))
-    in_float64 = bool(scale.max() > FLOAT32_LIMIT or return_mean.abs().max() > FLOAT32_LIMIT)
-    return _OutputScale(return_mean.float(), scale.float(), scale, in_float64)
+    scale = std if return_count.item() > 0 else th.zeros_like(std)
+    in_float64 = th.maximum(scale, return_mean.abs()).max().item() > FLOAT32_LIMIT
+    return _OutputScale(return_mean.float(), scale.float(), scale, in_float64, std)
 
 
 def install_value_normalization(policy: ActorCriticPolicy) -> PopArtValueHead:

@@ -131,7 +131,8 @@ class KLAdaptivePPO(PPO):
     :param stats_window_size: as in PPO: the number of episodes the logged rollout statistics average over
     :param tensorboard_log: as in PPO: the TensorBoard log folder (None: no TensorBoard log)
     :param policy_kwargs: as in PPO: keyword arguments of the policy, the safe policies' ``log_std_range``,
-        ``logit_bound`` and ``squash_output`` included
+        ``logit_bound`` and ``squash_output`` included; their ``normalize_observations`` is ``"auto"`` by default here:
+        Box observations that are not images are normalized, unless the env's ``VecNormalize(norm_obs=True)`` does
     :param verbose: as in PPO: 0 no output, 1 information (device, wrappers), 2 debug messages
     :param seed: as in PPO: the seed of the random generators
     :param device: as in PPO: the torch device (``"auto"``: a GPU if there is one)
@@ -275,7 +276,7 @@ class KLAdaptivePPO(PPO):
         return super().load(path, env, device, custom_objects, print_system_info, force_reset, **kwargs)
 
     def _setup_model(self) -> None:
-        self.policy_kwargs = decide_normalize_observations(self.policy_class, self.policy_kwargs, self.env)
+        self.policy_kwargs = decide_normalize_observations(self.policy_class, self.policy_kwargs, self.env, "auto")
         # load() restores the bounds from JSON as a list
         self.kl_beta_bounds = (float(self.kl_beta_bounds[0]), float(self.kl_beta_bounds[1]))
         if self.rollout_buffer_class in (None, RolloutBuffer, DictRolloutBuffer):
