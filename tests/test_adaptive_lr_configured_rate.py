@@ -10,11 +10,12 @@ Where a test needs a KL of a chosen value, the rollout KL the callback measures 
 
 import math
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 import torch as th
+from adaptive_lr_scripts import SMALL, scripted_kl, small_ppo
 from faults import NaNAfterOptimizerStep
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -24,37 +25,14 @@ from stable_baselines3.common.base_class import BaseAlgorithm
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.utils import FloatSchedule
 
-import sb3_safe.common.adaptive_lr as adaptive_lr
 from sb3_safe import KLAdaptiveLRCallback, KLAdaptivePPO, NonFiniteGuardCallback, NonFiniteGuardWarning
 from sb3_safe.common.adaptive_lr import LOWEST_LEARNING_RATE, MEASURED_SAMPLES
 from sb3_safe.common.schedules import ScaledSchedule, learning_rate_scale, scale_learning_rate
-
-SMALL = dict(net_arch=[16])
 
 
 @pytest.fixture(autouse=True)
 def in_tmp_path(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)  # the guard's report
-
-
-def small_ppo(learning_rate: Any = 1e-3, **kwargs: Any) -> PPO:
-    """A PPO whose update is one minibatch step on 16 samples (the KL is scripted or tiny: what it learns is moot)."""
-    settings: dict[str, Any] = dict(n_steps=16, batch_size=16, n_epochs=1, policy_kwargs=SMALL, seed=0, device="cpu")
-    settings.update(kwargs)
-    return PPO("MlpPolicy", "CartPole-v1", learning_rate=learning_rate, **settings)
-
-
-def scripted_kl(monkeypatch: pytest.MonkeyPatch, values: list[float]) -> list[float]:
-    """Make the rollout KL of the i-th measurement ``values[i]`` (the last one repeated); return the list consumed."""
-    script: Iterator[float] = iter(values)
-    measured: list[float] = []
-
-    def mean_kl(*_: Any) -> float:
-        measured.append(next(script, values[-1]))
-        return measured[-1]
-
-    monkeypatch.setattr(adaptive_lr, "mean_kl", mean_kl)
-    return measured
 
 
 class StepRates:

@@ -764,23 +764,23 @@ def test_a_weight_given_new_storage_between_two_learn_calls_is_still_watched() -
     assert "policy.mlp_extractor.policy_net.0.weight: 1 NaN" in str(error.value)
 
 
-def test_a_snapshot_holds_the_kept_observations_and_a_restore_drops_those_kept_since() -> None:
-    """The safe policy keeps a rollout's observations outside its tensors until they are folded in: a snapshot folds
-    them in first (so the copy holds every one), a restore forgets those kept after it (they belong to undone steps)."""
-    model = SafeA2C("MlpPolicy", "CartPole-v1", n_steps=4, seed=0)
+def test_a_restore_brings_back_the_statistics_and_drops_the_observations_kept_since() -> None:
+    """The safe policy keeps a rollout's observations outside its tensors until the rollout ends: snapshots, taken at
+    rollout boundaries, copy the statistics and the pending ones; a restore brings them back, forgets the observations
+    kept since (they belong to undone steps) and, in a rollout, has its next step commit the restored pending ones."""
+    model = SafeA2C("MlpPolicy", "CartPole-v1", n_steps=4, seed=0, policy_kwargs=dict(normalize_observations=True))
     normalizer = model.policy.observation_normalizer
     store = SnapshotStore(model, WatchedModel(model), restorable=True)
-    for _ in range(2):
-        # Copies into new buffers read state_dict(), whose pre-hook folds too; from the third on a spare is reused
-        snapshot, _ = store.copy_and_test()
-        store.commit(snapshot)
     normalizer.observe(th.ones(3, 4))
-    snapshot, finite = store.copy_and_test()
-    assert finite
-    store.commit(snapshot)
-    assert normalizer.kept.count == 0 and normalizer.pending_count.item() == 3
-    normalizer.observe(th.full((2, 4), 5.0))
-    store.restore()
-    assert normalizer.kept.count == 0
     normalizer.fold()
+    for _ in range(3):  # copies into new buffers first; from the third on a spare is reused
+        snapshot, finite = store.copy_and_test()
+        assert finite
+        store.commit(snapshot)
+    normalizer.observe(th.full((2, 4), 5.0))
+    normalizer.fold()
+    normalizer.observe(th.full((2, 4), 7.0))
+    normalizer.observing = True
+    store.restore()
+    assert normalizer.kept.count == 0 and normalizer.commit_due
     assert normalizer.pending_count.item() == 3 and normalizer.pending_mean.tolist() == [1.0] * 4

@@ -175,13 +175,10 @@ def test_entry_trains_one_update_through_rl_zoo3(
     assert model.num_timesteps == budget
     assert model._n_updates >= 1
     assert isinstance(model.policy, SafeCnnPolicy if entry == "atari" else SafeActorCriticPolicy)
-    # Under a stock algorithm the safe policy computes SB3's observations (its default): only VecNormalize normalizes
-    # them, where the entry has it. KLAdaptivePPO and SafeA2C ("auto"): observations normalized once, by VecNormalize
+    # Under a stock algorithm and SafeA2C the safe policy computes SB3's observations (its default): only VecNormalize
+    # normalizes them, where the entry has it. KLAdaptivePPO ("auto"): observations normalized once, by VecNormalize
     # where the entry has it normalize them, else by the policy (Box observations that are not images)
-    if algo in ("ppo", "a2c"):
-        policy_normalizes = False
-    else:
-        policy_normalizes = entry != "atari" and not vec_normalize_normalizes_observations(config)
+    policy_normalizes = algo == "kl_ppo" and entry != "atari" and not vec_normalize_normalizes_observations(config)
     assert model.policy.normalize_observations is policy_normalizes
     assert hasattr(model.policy, "observation_normalizer") is policy_normalizes
     saved_args = yaml.load((run / env_id / "args.yml").read_text(), Loader=yaml.UnsafeLoader)
