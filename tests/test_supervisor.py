@@ -478,7 +478,7 @@ def test_a_stall_names_the_scale_of_the_observations() -> None:
     largest = re.search(r"largest \|observation\|: ([0-9.]+e[+-][0-9]+)", event.message)
     assert largest is not None and 1e9 < float(largest.group(1)) < 1e12
     assert "VecNormalize(norm_obs=True)" in event.message
-    assert "safe policies, which do by default" in event.message
+    assert "safe policies with policy_kwargs=dict(normalize_observations='auto')" in event.message
 
 
 @pytest.mark.parametrize("mode", ["raise", "stop", "rollback"])

@@ -1,6 +1,5 @@
 """Finiteness checks and the error they raise, and running statistics, shared by policies, algorithms and callbacks."""
 
-import itertools
 import math
 from collections.abc import Callable, Container, Iterable, Sequence
 from dataclasses import dataclass
@@ -64,14 +63,13 @@ def merge_moments_into(
 
 #: Bumped by every write into tensors outside autograd's version counters (:meth:`FlatCopy.restore`): values derived
 #: from tensors (:class:`DerivedOnChange`) are derived again after it
-_restores = itertools.count(1)
-_last_restore = 0
+_restores = 0
 
 
 def note_restore() -> None:
     """Say that tensors were written outside their version counters (through ``.data``): derived values go stale."""
-    global _last_restore
-    _last_restore = next(_restores)
+    global _restores
+    _restores += 1
 
 
 class DerivedOnChange(Generic[Derived]):
@@ -97,7 +95,7 @@ class DerivedOnChange(Generic[Derived]):
         :param sources: the tensors, current values
         :return: the value derived from them
         """
-        stamp = (_last_restore, *((source._version, source.data_ptr(), source.dtype) for source in sources))
+        stamp = (_restores, *((source._version, source.data_ptr(), source.dtype) for source in sources))
         if self._value is None or stamp != self._stamp:
             self._value = self.derive(*sources)
             self._stamp = stamp

@@ -2,7 +2,7 @@
 Running normalization of Box observations inside a safe policy (``normalize_observations=True``), what SB3's
 ``VecNormalize(norm_obs=True)`` does outside it, with the statistics in the policy: saved with the model, restored by
 a rollback of the guard, and read by ``predict()`` wherever the model is loaded. Opt-in in the drop-in policies (their
-default is SB3's computation), the default (``"auto"``) of KLAdaptivePPO and SafeA2C, which see their env.
+default is SB3's computation, as is SafeA2C's), the default (``"auto"``) of KLAdaptivePPO, which sees its env.
 
 The statistics take the observations of the rollouts only, never those of a ``forward`` call outside one, of
 ``predict``, evaluation or export. They are fixed from one rollout to the end of the update that trains on it, so that

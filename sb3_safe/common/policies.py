@@ -355,7 +355,7 @@ class SafeActorCriticPolicy(SafeDistributionMixin, ActorCriticPolicy):
         rollouts saw, as ``VecNormalize(norm_obs=True)`` does, the statistics kept in the policy (saved with the model,
         restored by the guard's rollback) and fixed from a rollout to the end of its update. Not for Dict or image
         observations. ``False`` (the default): SB3's computation. ``"auto"``: on for Box observations that are not
-        images (the default of KLAdaptivePPO and SafeA2C, which turn it off where their env is a
+        images (KLAdaptivePPO's default; it and SafeA2C turn ``"auto"`` off where their env is a
         ``VecNormalize(norm_obs=True)``: never normalize twice).
     :param kwargs: the other keywords of SB3's
         :sb3:`ActorCriticPolicy <modules/ppo.html#stable_baselines3.common.policies.ActorCriticPolicy>`, with their
