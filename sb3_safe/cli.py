@@ -124,7 +124,7 @@ def _zoo(args: argparse.Namespace) -> int:
 
     try:
         if args.command == "enjoy":
-            zoo.enjoy(args.zoo_args, trust=args.trust)
+            zoo.enjoy(args.zoo_args, trust=args.trust, trust_folder=args.trust_folder)
             return 0
         report = zoo.train(args.zoo_args, report=not args.no_report, trust=args.trust)
     except (zoo.ZooUsageError, RefusedFileError) as error:
@@ -185,20 +185,30 @@ def _add_train(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]"
 
 
 def _add_enjoy(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
-    _add_zoo_command(
+    parser = _add_zoo_command(
         subparsers,
         "enjoy",
         help="run a trained agent with rl_zoo3's enjoy (every rl_zoo3.enjoy option)",
         description=(
             "Run rl-baselines3-zoo's enjoy (python -m rl_zoo3.enjoy) with kl_ppo and safe_a2c registered:\n"
             "load the model that `sb3-safe train` saved in the log folder (-f) and run or render it.\n"
-            "The model and its vecnormalize.pkl are loaded as sb3_safe.load loads them: refused if their pickles\n"
-            "name or call more than SB3 files need (--trust MODULE: your own classes). Not checked: the run's\n"
-            "config.yml and args.yml, which rl_zoo3 reads with yaml's unsafe loader.\n"
+            "The run folder is read as data, nothing of it runs: its config.yml and args.yml are read with a YAML\n"
+            "loader that builds only what rl-zoo writes (plain values, OrderedDict, tuples, classes of the SB3\n"
+            "family), the normalize field is parsed as a literal instead of evaluated, the env_wrapper and\n"
+            "vec_env_wrapper classes must be of gymnasium, SB3, sb3-contrib, rl_zoo3 or sb3-safe; the model and\n"
+            "its vecnormalize.pkl are loaded as sb3_safe.load loads them: refused if their pickles name or call\n"
+            "more than SB3 files need. --trust MODULE: your own classes, in the model and as wrappers.\n"
+            "--trust-folder: a folder of your own, read and run as rl_zoo3 does.\n"
             "Every rl_zoo3.enjoy option is accepted (listed below).\n"
-            "Exit status: 0 done, 2 bad input (an option, no saved model where -f points, a refused model), with\n"
-            "one line on stderr."
+            "Exit status: 0 done, 2 bad input (an option, no saved model where -f points, a refused model or run\n"
+            "folder file), with one line on stderr."
         ),
+    )
+    parser.add_argument(
+        "--trust-folder",
+        action="store_true",
+        help="the run folder is your own: read its config.yml and args.yml with yaml's unsafe loader, evaluate its "
+        "normalize field and load its model and vecnormalize.pkl with SB3's own load, as rl_zoo3 does",
     )
 
 

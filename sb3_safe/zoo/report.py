@@ -3,18 +3,21 @@ What ``sb3-safe train`` shows after a run: the learning curve (training episodes
 rl_zoo3's periodic evaluations) and the evaluation of the saved model.
 """
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import matplotlib.pyplot as plt
 import numpy as np
-import yaml
 from huggingface_sb3 import EnvironmentName
-from rl_zoo3 import ALGOS, create_test_env, get_saved_hyperparams
+from rl_zoo3 import ALGOS, create_test_env
 from rl_zoo3.exp_manager import ExperimentManager
 from stable_baselines3.common.evaluation import evaluate_policy
 from stable_baselines3.common.monitor import load_results
 from stable_baselines3.common.results_plotter import X_TIMESTEPS, ts2xy
+
+from sb3_safe.loading import load, secure_reading
+from sb3_safe.zoo.run_folder import RunFolderError, read_args, saved_hyperparams
 
 #: file name of the learning curve written into the run folder
 LEARNING_CURVE = "learning_curve.png"
@@ -155,32 +158,46 @@ def plot_learning_curve(run_folder: Path, title: str) -> Path | None:
     return path
 
 
-def report_run(run_folder: Path, algo: str, env_id: str) -> RunReport:
+def _zero(_: float) -> float:
+    return 0.0
+
+
+def report_run(run_folder: Path, algo: str, env_id: str, trust: Sequence[str] = ()) -> RunReport:
     """
     Plot the learning curve of a finished rl_zoo3 run and evaluate its saved model on an environment built as
-    rl_zoo3's ``enjoy`` builds it (same wrappers, frame stacking and saved VecNormalize statistics).
+    rl_zoo3's ``enjoy`` builds it (same wrappers, frame stacking and saved VecNormalize statistics). The run folder
+    is read as ``sb3-safe enjoy`` reads it: as data (:mod:`sb3_safe.zoo.run_folder`), its pickles by
+    :func:`sb3_safe.load`.
 
     :param run_folder: the run folder (``<log folder>/<algo>/<env>_<id>``)
     :param algo: the zoo algorithm name
     :param env_id: the environment id
+    :param trust: modules (or packages) of your own whose classes the run's files may name
     :return: the report; the number of episodes is the run's ``--eval-episodes``
+    :raises RunFolderError: for a ``config.yml`` / ``args.yml`` that would run code
+    :raises RefusedFileError: for a model or ``vecnormalize.pkl`` that names or calls more than SB3 files need
     """
     env_name = EnvironmentName(env_id)
     params_path = run_folder / env_name
-    args = yaml.load((params_path / "args.yml").read_text(), Loader=yaml.UnsafeLoader)
-    hyperparams, stats_path = get_saved_hyperparams(str(params_path), test_mode=True)
+    args = read_args(params_path, trust)
+    if args is None:
+        raise RunFolderError(params_path / "args.yml", None, "missing")
+    hyperparams, stats_path = saved_hyperparams(str(params_path), test_mode=True, trust=trust)
     # Command-line env_kwargs override the configuration's, as in rl_zoo3
     env_kwargs = args["env_kwargs"] or hyperparams.get("env_kwargs") or {}
-    env = create_test_env(
-        env_id,
-        stats_path=stats_path,
-        seed=args["seed"],
-        should_render=False,
-        hyperparams=hyperparams,
-        env_kwargs=env_kwargs,
-    )
+    with secure_reading(trust):
+        env = create_test_env(
+            env_id,
+            stats_path=stats_path,
+            seed=args["seed"],
+            should_render=False,
+            hyperparams=hyperparams,
+            env_kwargs=env_kwargs,
+        )
     model_path = run_folder / f"{env_name}.zip"
-    model = ALGOS[algo].load(model_path, device=args["device"])
+    # As rl_zoo3's enjoy: schedules (lin_ rates are closures) are not needed to act, and would be refused
+    schedules = {"learning_rate": 0.0, "lr_schedule": _zero, "clip_range": _zero}
+    model = load(ALGOS[algo], model_path, device=args["device"], custom_objects=schedules, trust=trust)
     # rl_zoo3's choice: stochastic actions on Atari and MiniGrid, where deterministic policies can get stuck
     deterministic = not (ExperimentManager.is_atari(env_id) or ExperimentManager.is_minigrid(env_id))
     returns, _ = evaluate_policy(

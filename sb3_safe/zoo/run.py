@@ -18,6 +18,7 @@ from sb3_safe.zoo.config_errors import explained_config_errors
 from sb3_safe.zoo.configuration import configuration_line
 from sb3_safe.zoo.registration import PACKAGED_BY_DEFAULT, config_path
 from sb3_safe.zoo.report import RunReport, report_run
+from sb3_safe.zoo.run_folder import run_folder_reading
 from sb3_safe.zoo.storage import check_trial, open_storage
 
 
@@ -92,19 +93,27 @@ def train(zoo_args: Sequence[str], report: bool = True, trust: Sequence[str] = (
     trained = [run for run in new_runs if (run / f"{env_name}.zip").is_file()]
     if not trained:
         return None
-    return report_run(max(trained, key=lambda run: run.stat().st_mtime), options.algo, options.env)
+    return report_run(max(trained, key=lambda run: run.stat().st_mtime), options.algo, options.env, trust)
 
 
-def enjoy(zoo_args: Sequence[str], trust: Sequence[str] = ()) -> None:
+def enjoy(zoo_args: Sequence[str], trust: Sequence[str] = (), trust_folder: bool = False) -> None:
     """
-    Run rl_zoo3's ``enjoy`` (``python -m rl_zoo3.enjoy``) with sb3-safe's algorithms registered; the model and its
-    VecNormalize statistics are loaded as by :func:`sb3_safe.load`.
+    Run rl_zoo3's ``enjoy`` (``python -m rl_zoo3.enjoy``) with sb3-safe's algorithms registered. The run folder is
+    read as data: its ``config.yml`` and ``args.yml`` as :mod:`sb3_safe.zoo.run_folder` reads them, checked before
+    anything of the run is used; the model and its VecNormalize statistics as by :func:`sb3_safe.load`.
 
     :param zoo_args: ``rl_zoo3.enjoy``'s command-line arguments
-    :param trust: modules (or packages) of your own whose classes the model may name
-    :raises ZooUsageError: bad options, or no saved model where they point, in one line
+    :param trust: modules (or packages) of your own whose classes the model and the run's wrappers may name
+    :param trust_folder: the folder is your own: read and run it as rl_zoo3 does (YAML's unsafe loader, ``eval`` of
+        ``normalize``, SB3's own ``load``)
+    :raises ZooUsageError: bad options, no saved model where they point, or a run folder's file that would run code
+        (:class:`~sb3_safe.zoo.run_folder.RunFolderError`), in one line
     :raises RefusedFileError: for a model (or statistics) whose pickles name or call more than SB3 files need
     """
     checked_options("enjoy", zoo_args)
-    with rl_zoo3_command("sb3-safe enjoy", zoo_args), secure_reading(trust):
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(rl_zoo3_command("sb3-safe enjoy", zoo_args))
+        if not trust_folder:
+            stack.enter_context(secure_reading(trust))
+            stack.enter_context(run_folder_reading(trust))
         zoo_enjoy()
