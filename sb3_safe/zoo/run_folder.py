@@ -89,12 +89,23 @@ def _construct_class(loader: _RunFolderLoader, suffix: str, node: yaml.Node) -> 
         raise yaml.constructor.ConstructorError(
             None, None, f"the name {suffix}, not a class of {', '.join(loader.trusted)}", node.start_mark
         )
-    value = getattr(importlib.import_module(module), name, None)
+    try:
+        value = getattr(importlib.import_module(module), name, None)
+    except ImportError:
+        value = None
     if not isinstance(value, type):
         raise yaml.constructor.ConstructorError(None, None, f"the name {suffix}, not a class", node.start_mark)
     return value
 
 
+def _construct_undefined(loader: _RunFolderLoader, node: yaml.Node) -> None:
+    tag = node.tag.removeprefix("tag:yaml.org,2002:")
+    raise yaml.constructor.ConstructorError(
+        None, None, f"the tag !!{tag}, which rl-zoo does not write (a python/ tag imports and calls)", node.start_mark
+    )
+
+
+_RunFolderLoader.add_constructor(None, _construct_undefined)
 _RunFolderLoader.add_constructor(_ORDERED_DICT_TAG, _construct_ordered_dict)
 _RunFolderLoader.add_constructor(_TUPLE_TAG, _construct_tuple)
 _RunFolderLoader.add_multi_constructor(_NAME_PREFIX, _construct_class)
@@ -145,7 +156,7 @@ def load_run_yaml(text: str, path: str | Path, trust: Sequence[str] = ()) -> Any
         _expanded_size(node, {})
         return loader.construct_document(node)
     except yaml.constructor.ConstructorError as error:
-        raise RunFolderError(path, None, f"{one_line(str(error.problem))}; rl-zoo writes plain values") from None
+        raise RunFolderError(path, None, one_line(str(error.problem))) from None
     except yaml.YAMLError as error:
         raise RunFolderError(path, None, f"invalid YAML ({one_line(str(error))})") from None
     except (ValueError, RecursionError) as error:
