@@ -22,6 +22,8 @@ from sb3_safe.doctor import (
 
 #: exit status for bad input to ``train`` / ``enjoy`` (argparse's for usage errors)
 EXIT_USAGE = 2
+#: exit status after Ctrl-C (SIGINT), as a shell reports a command the signal ended: 128 + 2
+EXIT_INTERRUPTED = 130
 _MIB = 2**20
 
 
@@ -113,15 +115,18 @@ def _fail(command: str, message: str) -> int:
 
 def _zoo(args: argparse.Namespace) -> int:
     if args.help:
-        # Ours first, then rl_zoo3's own help (which exits)
         print(args.format_help())
-        args.zoo_args.append("--help")
     try:
         from sb3_safe import zoo
+        from sb3_safe.zoo.command import print_zoo_help
     except ImportError as error:
         return _fail(args.command, f"needs rl_zoo3 and optuna, pip install 'sb3-safe[zoo]' ({error})")
     from sb3_safe.loading import RefusedFileError
 
+    if args.help:
+        # Then rl_zoo3's own options, and nothing else
+        print_zoo_help(args.command)
+        return 0
     try:
         if args.command == "enjoy":
             zoo.enjoy(args.zoo_args, trust=args.trust, trust_folder=args.trust_folder)
@@ -129,6 +134,10 @@ def _zoo(args: argparse.Namespace) -> int:
         report = zoo.train(args.zoo_args, report=not args.no_report, trust=args.trust)
     except (zoo.ZooUsageError, RefusedFileError) as error:
         return _fail(args.command, str(error))
+    except zoo.TrainingInterrupted as interruption:
+        sys.stdout.flush()
+        print(f"sb3-safe {args.command}: {interruption}", file=sys.stderr)
+        return EXIT_INTERRUPTED
     if report is not None:
         print(report.summary())
     return 0
@@ -232,13 +241,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     :param argv: the arguments after the program name (default: ``sys.argv[1:]``)
     :return: the exit status
     """
-    parser = build_parser()
-    args, zoo_args = parser.parse_known_args(argv)
-    if not getattr(args, "passthrough", False):
-        # Parsed again, strictly: argparse's usual error for unknown arguments
-        args = parser.parse_args(argv)
-    args.zoo_args = zoo_args
-    return args.handler(args)
+    try:
+        parser = build_parser()
+        args, zoo_args = parser.parse_known_args(argv)
+        if not getattr(args, "passthrough", False):
+            # Parsed again, strictly: argparse's usual error for unknown arguments
+            args = parser.parse_args(argv)
+        args.zoo_args = zoo_args
+        status = args.handler(args)
+        sys.stdout.flush()  # here, not at exit, so that a closed pipe is handled
+    except BrokenPipeError:
+        # The reader stopped reading (sb3-safe train --help | head -1). As the Python docs advise: the rest of the
+        # output goes to devnull, so that the interpreter's flush at exit cannot fail
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except KeyboardInterrupt:
+        # Ctrl-C outside training (which train reports itself): no traceback
+        print("sb3-safe: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    return status
 
 
 if __name__ == "__main__":

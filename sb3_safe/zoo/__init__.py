@@ -7,8 +7,9 @@ Needs the ``zoo`` extra (rl_zoo3, optuna, matplotlib): ``pip install "sb3-safe[z
 
 Modules: ``registration`` (algorithms, samplers, packaged configurations), ``checks`` (the input of ``train`` /
 ``enjoy``), ``config_errors`` (hyperparameter types, rl_zoo3's setup errors explained), ``storage`` (optuna storage
-and trials), ``command`` (rl_zoo3 run as a checked command), ``run`` (the entry points), ``report`` (learning curve
-and evaluation), ``errors`` (:class:`ZooUsageError`).
+and trials), ``command`` (rl_zoo3 run as a checked command), ``run`` (the entry points), ``run_folder`` (a run
+folder's ``config.yml`` / ``args.yml`` read as data), ``report`` (learning curve and evaluation), ``errors``
+(:class:`ZooUsageError`, :class:`TrainingInterrupted`).
 """
 
 from sb3_safe.zoo.checks import (
@@ -19,7 +20,7 @@ from sb3_safe.zoo.checks import (
     check_trained_agent,
 )
 from sb3_safe.zoo.config_errors import check_hyperparam_types, explain_config_error, explain_unexpected_keyword
-from sb3_safe.zoo.errors import ZooUsageError
+from sb3_safe.zoo.errors import TrainingInterrupted, ZooUsageError
 from sb3_safe.zoo.registration import (
     CONFIG_DIR,
     PACKAGED_BY_DEFAULT,
@@ -42,6 +43,7 @@ from sb3_safe.zoo.report import (
     smooth_over_timesteps,
 )
 from sb3_safe.zoo.run import enjoy, train
+from sb3_safe.zoo.run_folder import RunFolderError
 from sb3_safe.zoo.storage import check_trial, open_storage
 
 __all__ = [
@@ -53,7 +55,9 @@ __all__ = [
     "SPECIAL_ENTRIES",
     "ZOO_ALGOS",
     "LearningCurve",
+    "RunFolderError",
     "RunReport",
+    "TrainingInterrupted",
     "ZooUsageError",
     "check_algo",
     "check_config_file",

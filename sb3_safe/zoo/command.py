@@ -7,11 +7,13 @@ which rl_zoo3's parsers and ``train()`` pick both up.
 import argparse
 import contextlib
 import importlib
+import io
 import shutil
 import sys
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TextIO
 
 import rl_zoo3.enjoy
 import rl_zoo3.train
@@ -22,8 +24,14 @@ from stable_baselines3.common.callbacks import BaseCallback
 
 from sb3_safe.loading import RefusedFileError
 from sb3_safe.zoo.checks import LOG_FOLDER, MissingSavedModel, check_algo, check_env, find_saved_model
-from sb3_safe.zoo.config_errors import SETUP_ERRORS, check_hyperparam_types, explain_config_error
-from sb3_safe.zoo.errors import ZooUsageError, one_line
+from sb3_safe.zoo.config_errors import (
+    SETUP_ERRORS,
+    check_evaluated_syntax,
+    check_hyperparam_ranges,
+    check_hyperparam_types,
+    explain_config_error,
+)
+from sb3_safe.zoo.errors import TrainingInterrupted, ZooUsageError, one_line
 from sb3_safe.zoo.registration import register
 
 
@@ -63,6 +71,7 @@ def _zoo_options(command: str, zoo_args: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--env", default="CartPole-v1")
     parser.add_argument("--gym-packages", nargs="+", default=[])
     parser.add_argument("--env-kwargs", nargs="+", action=_KeyValues)
+    parser.add_argument("-n", "--n-timesteps", type=int)
     if command == "train":
         parser.add_argument("-f", "--log-folder", dest="folder", default=LOG_FOLDER)
         parser.add_argument("-conf", "--conf-file")
@@ -88,6 +97,10 @@ def checked_options(command: str, zoo_args: Sequence[str]) -> argparse.Namespace
     """
     register()
     options = _zoo_options(command, zoo_args)
+    # rl_zoo3 takes -n <= 0 for "not given": train would silently train the configuration's budget
+    if options.n_timesteps is not None and options.n_timesteps <= 0:
+        what = "train" if command == "train" else "run the agent"
+        raise ZooUsageError(f"-n {options.n_timesteps}: the number of timesteps to {what} must be > 0")
     # rl_zoo3 imports them only after checking the id; environments they register must pass our check too
     for module in options.gym_packages:
         try:
@@ -106,12 +119,52 @@ class _TrialNumber(int):
         return True
 
 
+class _HeldOutput:
+    """Standard output held back until :meth:`release`: shown if the command starts, dropped if its input is bad."""
+
+    def __init__(self) -> None:
+        self.held = io.StringIO()
+        self.target: TextIO | None = None
+
+    def hold(self) -> None:
+        self.target, sys.stdout = sys.stdout, self.held
+
+    def release(self) -> None:
+        """Show what was held, and what follows as it is written."""
+        if self.target is not None:
+            sys.stdout = self.target
+            self.target = None
+            sys.stdout.write(self.held.getvalue())
+            sys.stdout.flush()
+
+    def drop(self) -> None:
+        if self.target is not None:
+            sys.stdout = self.target
+            self.target = None
+
+
+@dataclass
+class ZooRun:
+    """
+    What :func:`rl_zoo3_command` tells of the command it ran.
+
+    :param output: its standard output, held until the experiment's setup succeeded (``train``)
+    :param interruption: the Ctrl-C that stopped training, after rl_zoo3 saved the model; None if there was none
+    """
+
+    output: _HeldOutput = field(default_factory=_HeldOutput)
+    interruption: TrainingInterrupted | None = None
+
+
 class _CheckedExperimentManager(ExperimentManager):
     """
     rl_zoo3's experiment manager, whose setup (reading the configuration, building the environments and the
-    model) reports a bad configuration as :class:`ZooUsageError`, before any training. Errors of training and
-    of the hyperparameter search stay as they are.
+    model) reports a bad configuration as :class:`ZooUsageError`, before any training and before any of the setup's
+    output. Errors of training and of the hyperparameter search stay as they are; a Ctrl-C during training is
+    noted in :attr:`zoo_run` (rl_zoo3 then saves the model).
     """
+
+    zoo_run: ZooRun
 
     def setup_experiment(self) -> tuple[BaseAlgorithm, dict[str, Any]] | None:
         new_run = not Path(self.save_path).exists()
@@ -120,7 +173,7 @@ class _CheckedExperimentManager(ExperimentManager):
             # silently train the configuration's values
             self.trial_id = _TrialNumber(0)
         try:
-            return super().setup_experiment()
+            result = super().setup_experiment()
         except SETUP_ERRORS as error:
             if new_run:
                 # rl_zoo3 creates the run folder before the model: enjoy would take the empty one for the latest run
@@ -128,6 +181,8 @@ class _CheckedExperimentManager(ExperimentManager):
             if isinstance(error, ZooUsageError | RefusedFileError):
                 raise
             raise ZooUsageError(explain_config_error(error, self.algo)) from error
+        self.zoo_run.output.release()
+        return result
 
     def _preprocess_hyperparams(
         self, hyperparams: dict[str, Any]
@@ -135,9 +190,31 @@ class _CheckedExperimentManager(ExperimentManager):
         if "n_timesteps" not in hyperparams:
             # rl_zoo3 deletes the key, also with -n
             raise ZooUsageError(f"the configuration for {self.env_name.gym_id} has no n_timesteps (rl_zoo3 needs it)")
+        # The configuration's n_timesteps counts only without -n
+        check_hyperparam_ranges({k: v for k, v in hyperparams.items() if k != "n_timesteps" or self.n_timesteps <= 0})
+        check_evaluated_syntax(hyperparams)
         processed = super()._preprocess_hyperparams(hyperparams)
         check_hyperparam_types(self.algo, processed[0])
         return processed
+
+    def learn(self, model: BaseAlgorithm) -> None:
+        zoo_learn = model.learn
+
+        def learn(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return zoo_learn(*args, **kwargs)
+            except KeyboardInterrupt:
+                # rl_zoo3 takes it for the end of training and saves the model: noted, so that it is not
+                # presented as a finished run
+                model_path = Path(self.save_path, f"{self.env_name}.zip")
+                self.zoo_run.interruption = TrainingInterrupted(model.num_timesteps, self.n_timesteps, model_path)
+                raise
+
+        model.learn = learn  # type: ignore[method-assign]
+        try:
+            super().learn(model)
+        finally:
+            del model.learn
 
 
 def _raise_usage_error(parser: argparse.ArgumentParser, message: str) -> NoReturn:
@@ -145,27 +222,61 @@ def _raise_usage_error(parser: argparse.ArgumentParser, message: str) -> NoRetur
 
 
 @contextlib.contextmanager
-def rl_zoo3_command(prog: str, args: Sequence[str]) -> Iterator[None]:
+def rl_zoo3_command(prog: str, args: Sequence[str], hold_output: bool = False) -> Iterator[ZooRun]:
     """
     Run rl_zoo3's ``train()`` or ``enjoy()`` inside this block as the command ``prog args``, with sb3-safe's checks.
 
     :param prog: the command's name, for rl_zoo3's messages
     :param args: its command-line arguments
+    :param hold_output: hold standard output back until the experiment's setup succeeded (``train``): bad input is
+        then only its one-line error, without the configuration rl_zoo3 prints first
+    :return: what happened (``interruption``: a Ctrl-C during training)
     """
+    run = ZooRun()
     saved_argv, saved_error, saved_manager = sys.argv, argparse.ArgumentParser.error, rl_zoo3.train.ExperimentManager
     saved_model_path = rl_zoo3.enjoy.get_model_path
     # They parse sys.argv, with parsers whose errors would print the usage too: one line instead
     sys.argv = [prog, *args]
     argparse.ArgumentParser.error = _raise_usage_error  # type: ignore[method-assign, assignment]
+
     # train() and enjoy() look these up in their modules when they run
-    rl_zoo3.train.ExperimentManager = _CheckedExperimentManager  # type: ignore[misc]
+    class CheckedExperimentManager(_CheckedExperimentManager):
+        zoo_run = run
+
+    rl_zoo3.train.ExperimentManager = CheckedExperimentManager  # type: ignore[misc]
     rl_zoo3.enjoy.get_model_path = find_saved_model
+    if hold_output:
+        run.output.hold()
     try:
-        yield
+        yield run
     except MissingSavedModel as error:
+        run.output.drop()
         raise ZooUsageError(str(error)) from error.__cause__
+    except (ZooUsageError, RefusedFileError):
+        run.output.drop()
+        raise
     finally:
+        # An error of another kind (a crash) shows what led to it
+        run.output.release()
         sys.argv = saved_argv
         argparse.ArgumentParser.error = saved_error  # type: ignore[method-assign]
         rl_zoo3.train.ExperimentManager = saved_manager  # type: ignore[misc]
         rl_zoo3.enjoy.get_model_path = saved_model_path
+
+
+def print_zoo_help(command: str) -> None:
+    """
+    Print rl_zoo3's own help of ``train`` or ``enjoy`` (its options), running nothing else.
+
+    :param command: ``"train"`` or ``"enjoy"``
+    """
+    register()  # the algorithm choices include sb3-safe's
+    saved_argv = sys.argv
+    sys.argv = [f"sb3-safe {command}", "--help"]
+    try:
+        # Its parser is built inside the function, which ends at parse_args with --help
+        (rl_zoo3.train.train if command == "train" else rl_zoo3.enjoy.enjoy)()
+    except SystemExit:
+        pass
+    finally:
+        sys.argv = saved_argv

@@ -6,6 +6,7 @@ configuration (an unexpected keyword, a bad value, a class path that does not im
 import ast
 import contextlib
 import inspect
+import math
 import numbers
 import re
 import types
@@ -23,6 +24,30 @@ from sb3_safe.zoo.errors import ZooUsageError, did_you_mean, one_line
 #: (ImportError, AttributeError), keys may be missing (KeyError, IndexError). Others (RuntimeError, OSError,
 #: MemoryError ...) are not taken for configuration errors.
 SETUP_ERRORS = (ValueError, TypeError, KeyError, IndexError, AttributeError, ImportError, AssertionError)
+
+#: The hyperparameters' ranges (low, high, low included, high included), checked where the value is a number: the
+#: meaning these names have in every SB3 / sb3-contrib / sb3-safe algorithm
+RANGES: dict[str, tuple[float, float, bool, bool]] = {
+    "gamma": (0.0, 1.0, False, True),
+    "gae_lambda": (0.0, 1.0, True, True),
+    "tau": (0.0, 1.0, False, True),
+    "learning_rate": (0.0, math.inf, False, False),
+    "clip_range": (0.0, math.inf, False, False),
+    "clip_range_vf": (0.0, math.inf, False, False),
+    "target_kl": (0.0, math.inf, False, False),
+    "max_grad_norm": (0.0, math.inf, False, False),
+    "ent_coef": (0.0, math.inf, True, False),
+    "vf_coef": (0.0, math.inf, True, False),
+    "n_steps": (0.0, math.inf, False, False),
+    "batch_size": (0.0, math.inf, False, False),
+    "n_epochs": (0.0, math.inf, False, False),
+    "buffer_size": (0.0, math.inf, False, False),
+    "learning_starts": (0.0, math.inf, True, False),
+    "n_envs": (0.0, math.inf, False, False),
+    "n_timesteps": (0.0, math.inf, False, False),
+}
+#: Configuration values that rl_zoo3 evaluates as Python
+EVALUATED_KEYS = ("policy_kwargs", "replay_buffer_class", "replay_buffer_kwargs", "monitor_kwargs")
 
 # CPython's message when a constructor gets a keyword it does not take
 _UNEXPECTED_KEYWORD = re.compile(r"(\w+)\.__init__\(\) got an unexpected keyword argument '(\w+)'")
@@ -82,6 +107,49 @@ def check_hyperparam_types(algo: str, hyperparams: dict[str, Any]) -> None:
             f"config value {key}: {value!r} is a {type(value).__name__}, but {algo} ({algo_class.__name__}) "
             f"takes {key}: {takes}{hint}"
         )
+
+
+def _range_text(low: float, high: float, low_in: bool, high_in: bool) -> str:
+    if high == math.inf:
+        return f"values {'>=' if low_in else '>'} {low:g}"
+    return f"values in {'[' if low_in else '('}{low:g}, {high:g}{']' if high_in else ')'}"
+
+
+def check_hyperparam_ranges(hyperparams: dict[str, Any]) -> None:
+    """
+    Check the values of the hyperparameters in :data:`RANGES` that are numbers (a schedule or ``"auto"`` is left to
+    the algorithm), so that ``gamma: 1.5`` or ``n_steps: 0`` fails before training rather than training nonsense.
+
+    :param hyperparams: the configuration's values, as read (before rl_zoo3's conversions)
+    :raises ZooUsageError: naming the key, its value and the range it takes
+    """
+    for key, (low, high, low_in, high_in) in RANGES.items():
+        value = hyperparams.get(key)
+        if not isinstance(value, numbers.Real) or isinstance(value, bool):
+            continue
+        number = float(value)
+        above = number > low or (low_in and number == low)
+        below = number < high or (high_in and number == high)
+        if not (above and below):  # also NaN
+            allowed = _range_text(low, high, low_in, high_in)
+            raise ZooUsageError(f"config value {key}: {value!r} is out of range; {key} takes {allowed}")
+
+
+def check_evaluated_syntax(hyperparams: dict[str, Any]) -> None:
+    """
+    Check that the configuration's strings that rl_zoo3 evaluates as Python (``policy_kwargs`` ...) parse.
+
+    :param hyperparams: the configuration's values, as read
+    :raises ZooUsageError: naming the key and the syntax error
+    """
+    for key in EVALUATED_KEYS:
+        value = hyperparams.get(key)
+        if not isinstance(value, str):
+            continue
+        try:
+            compile(value, key, "eval")
+        except SyntaxError as error:
+            raise ZooUsageError(f"config value {key}: {value!r} is not a Python expression ({error.msg})") from None
 
 
 def explain_unexpected_keyword(error: TypeError, algo: str) -> str | None:

@@ -1,6 +1,6 @@
 """
-:class:`ZooUsageError`, the one-line error of ``sb3-safe train`` / ``enjoy``, and the pieces its messages are made of
-(the close matches of a misspelled name, a multi-line message folded onto one line).
+:class:`ZooUsageError`, the one-line error of ``sb3-safe train`` / ``enjoy``, :class:`TrainingInterrupted`, and the
+pieces their messages are made of (the close matches of a misspelled name, a multi-line message folded onto one line).
 """
 
 import difflib
@@ -10,6 +10,20 @@ from pathlib import Path
 
 class ZooUsageError(ValueError):
     """Bad input to ``sb3-safe train`` / ``enjoy``; the message is one line that names the problem."""
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """
+    A training run stopped by Ctrl-C (SIGINT), after rl_zoo3 saved the model; the message is one line.
+
+    :param step: the timesteps trained
+    :param total: the timesteps the run was to train
+    :param model_path: the saved model
+    """
+
+    def __init__(self, step: int, total: int, model_path: Path) -> None:
+        self.step, self.total, self.model_path = step, total, model_path
+        super().__init__(f"interrupted at step {step} of {total}, model saved to {model_path}")
 
 
 def one_line(text: str) -> str:
