@@ -22,6 +22,8 @@ from sb3_safe.doctor import (
 
 #: exit status for bad input to ``train`` / ``enjoy`` (argparse's for usage errors)
 EXIT_USAGE = 2
+#: exit status when the reader of the output stopped reading before the end (as the Python docs advise)
+EXIT_CLOSED_PIPE = 1
 #: exit status after Ctrl-C (SIGINT), as a shell reports a command the signal ended: 128 + 2
 EXIT_INTERRUPTED = 130
 _MIB = 2**20
@@ -32,12 +34,8 @@ def _doctor(args: argparse.Namespace) -> int:
     status = run_doctor(
         args.path, top=args.top, as_json=args.json, limits=limits, trusted_modules=tuple(args.trust), dis=args.dis
     )
-    try:
-        sys.stdout.flush()  # here, not at exit, so that a closed pipe is handled
-    except BrokenPipeError:
-        # The reader stopped reading (doctor ... | head -1). As the Python docs advise: the rest of the output goes
-        # to devnull, so that the interpreter's flush at exit cannot fail; the status still says what was found
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    # The status still says what was found when the reader stopped reading (doctor ... | head -1)
+    _flush_stdout()
     return status
 
 
@@ -248,18 +246,26 @@ def main(argv: Sequence[str] | None = None) -> int:
             # Parsed again, strictly: argparse's usual error for unknown arguments
             args = parser.parse_args(argv)
         args.zoo_args = zoo_args
-        status = args.handler(args)
-        sys.stdout.flush()  # here, not at exit, so that a closed pipe is handled
+        return args.handler(args)
     except BrokenPipeError:
-        # The reader stopped reading (sb3-safe train --help | head -1). As the Python docs advise: the rest of the
-        # output goes to devnull, so that the interpreter's flush at exit cannot fail
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
+        return EXIT_CLOSED_PIPE
     except KeyboardInterrupt:
         # Ctrl-C outside training (which train reports itself): no traceback
         print("sb3-safe: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
-    return status
+    finally:
+        # Also after argparse's -h and --version (SystemExit)
+        _flush_stdout()
+
+
+def _flush_stdout() -> None:
+    # Here, not at exit, so that a closed pipe is handled
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader stopped reading (sb3-safe train --help | head -1). As the Python docs advise: the rest of the
+        # output goes to devnull, so that the interpreter's flush at exit cannot fail
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 if __name__ == "__main__":

@@ -9,7 +9,9 @@ import contextlib
 import importlib
 import io
 import shutil
+import signal
 import sys
+import types
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -198,23 +200,24 @@ class _CheckedExperimentManager(ExperimentManager):
         return processed
 
     def learn(self, model: BaseAlgorithm) -> None:
-        zoo_learn = model.learn
+        interrupted = False
 
-        def learn(*args: Any, **kwargs: Any) -> Any:
-            try:
-                return zoo_learn(*args, **kwargs)
-            except KeyboardInterrupt:
-                # rl_zoo3 takes it for the end of training and saves the model: noted, so that it is not
-                # presented as a finished run
-                model_path = Path(self.save_path, f"{self.env_name}.zip")
-                self.zoo_run.interruption = TrainingInterrupted(model.num_timesteps, self.n_timesteps, model_path)
-                raise
+        def interrupt(signum: int, frame: types.FrameType | None) -> None:
+            nonlocal interrupted
+            interrupted = True
+            raise KeyboardInterrupt
 
-        model.learn = learn  # type: ignore[method-assign]
+        # rl_zoo3 takes a KeyboardInterrupt for the end of training and saves the model: noted here (SIGINT's own
+        # handler, so that nothing is added to the model, which pickles its attributes), so that the run is not
+        # presented as finished
+        previous = signal.signal(signal.SIGINT, interrupt)
         try:
             super().learn(model)
         finally:
-            del model.learn
+            signal.signal(signal.SIGINT, previous)
+        if interrupted:
+            model_path = Path(self.save_path, f"{self.env_name}.zip")
+            self.zoo_run.interruption = TrainingInterrupted(model.num_timesteps, self.n_timesteps, model_path)
 
 
 def _raise_usage_error(parser: argparse.ArgumentParser, message: str) -> NoReturn:
