@@ -55,7 +55,7 @@ def train(zoo_args: Sequence[str], report: bool = True, trust: Sequence[str] = (
         model and evaluate the model for ``--eval-episodes`` episodes
     :param trust: modules (or packages) of your own whose classes the model of ``-i`` may name
     :return: the report, or None without one
-    :raises ZooUsageError: bad input, in one line, before anything is printed on standard output
+    :raises ZooUsageError: bad input, in one line; on standard output only the configuration line before it
     :raises TrainingInterrupted: for a Ctrl-C during training, after rl_zoo3 saved the model (no report)
     :raises RefusedFileError: for a model of ``-i`` (or its VecNormalize statistics, its replay buffer) whose pickles
         name or call more than SB3 files need: it is loaded as by :func:`sb3_safe.load`
@@ -77,15 +77,16 @@ def train(zoo_args: Sequence[str], report: bool = True, trust: Sequence[str] = (
         # A database: its tables are created here, before rl_zoo3 opens it, and a bad URL fails in one line
         open_storage(options.storage)
     runs_before = _run_folders(options.folder, options.algo, options.env)
+    print(configuration_line(options.algo, options.env, options.conf_file, packaged, options.hyperparams), flush=True)
     # -i: the model, its statistics and replay buffer are read as sb3_safe.load reads them
     reading = secure_reading(trust) if options.trained_agent else contextlib.nullcontext()
+    # rl_zoo3's output (its dump of the hyperparameters) is shown once the setup succeeded
     with (
         _no_empty_folders(options.folder, options.algo),
         rl_zoo3_command("sb3-safe train", zoo_args, hold_output=True) as run,
         explained_config_errors(options.algo),
         reading,
     ):
-        print(configuration_line(options.algo, options.env, options.conf_file, packaged, options.hyperparams))
         rl_zoo3.train.train()
     if run.interruption is not None:
         raise run.interruption
