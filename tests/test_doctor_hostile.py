@@ -56,9 +56,9 @@ from zip_builders import (
 )
 
 from sb3_safe.cli import main
-from sb3_safe.doctor import EXIT_HEALTHY, EXIT_UNHEALTHY, EXIT_UNREADABLE, diagnose
+from sb3_safe.doctor import EXIT_HEALTHY, EXIT_UNHEALTHY, EXIT_UNREADABLE, SizeLimits, diagnose, run_doctor
 from sb3_safe.doctor.allowlist import Allowlist
-from sb3_safe.doctor.archive import SizeLimits
+from sb3_safe.doctor.budget import ReadingBudget
 from sb3_safe.doctor.pickles import PickleReport, scan_torch_entry
 
 SYSTEM = f"{os.system.__module__}.system"  # posix.system: the name pickle stores for os.system
@@ -604,7 +604,7 @@ def test_size_limits_refuse_before_reading(model_zip: Path, capsys: pytest.Captu
         f"entry data is {data_size / 1024:.1f} KiB uncompressed, beyond the limit of 1.0 KiB per entry (--max-entry-mb" in err
     )
     status, _, err = _doctor(model_zip, capsys, "--max-total-mb", "0.01")
-    assert status == EXIT_UNREADABLE and "uncompressed together, beyond the limit of 10.2 KiB (--max-total-mb" in err
+    assert status == EXIT_UNREADABLE and "would hold more than its budget of 10.2 KiB" in err and "--max-total-mb" in err
 
 
 _PEAK_SCRIPT = """
@@ -745,18 +745,18 @@ def test_names_from_the_file_cannot_drive_the_terminal(model_zip: Path, tmp_path
 
 
 def test_a_pickle_beyond_the_opcode_limit_is_never_healthy(
-    model_zip: Path, tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+    model_zip: Path, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
-    """The scan stops at MAX_OPCODES: what follows is unread, so the file is refused (exit 2), never healthy."""
-    monkeypatch.setattr("sb3_safe.doctor.scan.MAX_OPCODES", 1000)
+    """The file's pickles pass its budget of opcodes: the file is refused (exit 2), never healthy."""
     canary = _watched(tmp_path / "canary")
     padding = (NONE + POP) * 600  # 1200 harmless opcodes before the payload
     pickled = PROTO_4 + padding + unicode("builtins") + unicode("eval") + STACK_GLOBAL
     pickled += unicode(touch_code(canary)) + TUPLE1 + REDUCE + STOP
     path = rewrite_zip(model_zip, tmp_path / "long.zip", data=lambda data: data | {"lr_schedule": serialized(pickled)})
-    status, out, err = _doctor(path, capsys)
+    status = run_doctor(str(path), limits=SizeLimits(opcodes=1000))
+    out, err = capsys.readouterr()
     assert status == EXIT_UNREADABLE and out == ""
-    assert 'data["lr_schedule"]: not a valid pickle (more than 1000 opcodes, beyond what doctor reads' in err
+    assert "the file's pickles have more than its budget of 1000 opcodes" in err
     _assert_never_created(canary)
 
 
@@ -766,8 +766,9 @@ def test_a_call_with_a_huge_argument_is_not_checked_so_not_healthy(
     items = b"(" + NONE * 10_001 + b"t"  # MARK, 10,001 Nones, TUPLE
     pickled = PROTO_4 + unicode("collections") + unicode("OrderedDict") + STACK_GLOBAL + items + TUPLE1 + REDUCE + STOP
     path = rewrite_zip(model_zip, tmp_path / "wide.zip", data=lambda data: data | {"lr_schedule": serialized(pickled)})
-    status, _, err = _doctor(path, capsys)
-    assert status == EXIT_UNREADABLE and "a call with more than 10000 argument values, not checked" in err
+    status = run_doctor(str(path), limits=SizeLimits(values=10_000))
+    _, err = capsys.readouterr()
+    assert status == EXIT_UNREADABLE and "its calls' arguments hold more than the file's budget of 10000 values" in err
 
 
 def _state_dict(model_zip: Path) -> dict[str, th.Tensor]:
@@ -879,7 +880,7 @@ def test_a_pth_entry_with_code_or_a_problem_is_never_loaded(case: str, tmp_path:
     """
     canary = _watched(tmp_path / "canary")
     report = PickleReport()
-    scan_torch_entry(_unsafe_pth(canary)[case], "policy.pth", Allowlist(), SizeLimits(), report)
+    scan_torch_entry(_unsafe_pth(canary)[case], "policy.pth", Allowlist(), ReadingBudget(), report)
     assert report.findings or report.problems
     assert report.unsafe_entries == {"policy.pth"}
     _assert_never_created(canary)

@@ -4,16 +4,20 @@ environment.
 
 What it guarantees for an untrusted file:
 
-- **Nothing of the file runs.** No pickle is unpickled: the pickles SB3's ``load`` would unpickle (the
-  ``:serialized:`` items of ``data``, the ``.pth`` entries, the tensors pickled inside them) are read opcode by
-  opcode (:mod:`~sb3_safe.doctor.scan`); the tensors are then loaded with ``torch.load(weights_only=True)``, only
-  from entries whose pickles name nothing beyond tensors and containers, and the metadata is read as JSON.
+- **Nothing of the file runs.** The pickles SB3's ``load`` would unpickle (the ``:serialized:`` items of ``data``,
+  the ``.pth`` entries, the tensors pickled inside them) are read opcode by opcode (:mod:`~sb3_safe.doctor.scan`);
+  only if they name and call nothing beyond the allowlist are ``data``'s items built, by the restricted unpickler
+  :func:`sb3_safe.load` uses (arrays, spaces, schedules: no code of the file), and the tensors loaded with
+  ``torch.load(weights_only=True)``. The file is read as :func:`sb3_safe.load` reads it
+  (:mod:`~sb3_safe.doctor.reading`): a file doctor calls healthy loads, one load refuses is not healthy.
 - **Every global a pickle would import or call is named**, and compared with what SB3 / sb3-contrib / sb3-safe
   model files hold (:mod:`~sb3_safe.doctor.allowlist`). Any other ("loading this file would run code from
   ``posix.system``") makes the file unhealthy (exit 1); so does a global that cannot be resolved without running
   the pickle.
-- **Bounded reading.** The sizes the zip's central directory declares are checked before anything is read
-  (:mod:`~sb3_safe.doctor.archive`): a file that inflates beyond the limits is refused (exit 2) unexpanded.
+- **Bounded reading.** One budget per file (:mod:`~sb3_safe.doctor.budget`), charged across every archive nested in
+  it, pickle and call: the bytes held (the sizes each zip's central directory declares, checked before anything is
+  read), the opcodes, the calls and the values searched in their arguments. A file beyond it is refused (exit 2)
+  at the first charge that passes it, unexpanded.
 - **One line, never a traceback**, for a file that is not a readable model (exit 2), naming the entry and what
   was expected.
 
@@ -30,9 +34,13 @@ if the policy's log-std leaves its range (the policy's own ``log_std_range`` for
 """
 
 from sb3_safe.common.exploration import STOCK_LOG_STD_RANGE
-from sb3_safe.doctor.archive import (
+from sb3_safe.doctor.budget import (
+    DEFAULT_MAX_CALLS,
     DEFAULT_MAX_ENTRY_BYTES,
+    DEFAULT_MAX_OPCODES,
     DEFAULT_MAX_TOTAL_BYTES,
+    DEFAULT_MAX_VALUES,
+    BudgetExceeded,
     SizeLimits,
     UnreadableModelError,
 )
@@ -41,14 +49,18 @@ from sb3_safe.doctor.report import WEIGHT_LIMIT, BeyondLimit, DoctorReport
 from sb3_safe.doctor.scan import Finding
 
 __all__ = [
+    "DEFAULT_MAX_CALLS",
     "DEFAULT_MAX_ENTRY_BYTES",
+    "DEFAULT_MAX_OPCODES",
     "DEFAULT_MAX_TOTAL_BYTES",
+    "DEFAULT_MAX_VALUES",
     "EXIT_HEALTHY",
     "EXIT_UNHEALTHY",
     "EXIT_UNREADABLE",
     "STOCK_LOG_STD_RANGE",
     "WEIGHT_LIMIT",
     "BeyondLimit",
+    "BudgetExceeded",
     "DoctorReport",
     "Finding",
     "SizeLimits",

@@ -61,13 +61,13 @@ CALLABLE = frozenset(
         "numpy.random._pickle.__bit_generator_ctor",
         "numpy.random._pickle.__randomstate_ctor",
         "numpy.random.bit_generator.__pyx_unpickle_SeedSequence",
-        # torch tensors (torch's own weights_only allowlist, without the rebuilders that call a class they are given)
+        # torch tensors (torch's own weights_only allowlist, without the rebuilders that call a class they are given
+        # and the one that converts an array of the file to any dtype: 16 bytes per byte of the file)
         "torch._utils._rebuild_tensor",
         "torch._utils._rebuild_tensor_v2",
         "torch._utils._rebuild_tensor_v3",
         "torch._utils._rebuild_parameter",
         "torch._utils._rebuild_parameter_with_state",
-        "torch._utils._rebuild_device_tensor_from_numpy",
         "torch._utils._rebuild_meta_tensor_no_storage",
         "torch._utils._rebuild_sparse_tensor",
         "torch._utils._rebuild_nested_tensor",
@@ -126,6 +126,16 @@ _PASSED["numpy.random._pickle.__generator_ctor"] = _PASSED["numpy.random._pickle
 }
 _PASSED["numpy.random._pickle.__randomstate_ctor"] = _PASSED["numpy.random._pickle.__generator_ctor"]
 
+#: Packages whose classes a file builds with NEWOBJ and state, never by calling them with arguments
+_INITIALIZED_BY_STATE = frozenset({*TRUSTED_PACKAGES, "rl_zoo3", "gymnasium"})
+#: Enums of those packages in CALLABLE: pickled as a call of the class with the member's value
+_ENUMS = frozenset(
+    {
+        "stable_baselines3.common.type_aliases.TrainFrequencyUnit",
+        "stable_baselines3.her.goal_selection_strategy.GoalSelectionStrategy",
+    }
+)
+
 #: Named, never called by a file: numpy's array and random classes that its reconstructors are given
 _NAMED = frozenset().union(*_PASSED.values())
 
@@ -176,7 +186,7 @@ class Allowlist:
             return True
         if not _is_plain_name(found):
             return False
-        if any(found.module == trusted or found.module.startswith(f"{trusted}.") for trusted in self.trusted_modules):
+        if self.is_trusted(found):
             return True
         value = self._resolve(found)
         if value is None:
@@ -195,12 +205,27 @@ class Allowlist:
         # kind SB3 builds after loading: SB3 calls it with arguments from the file
         return _top_package(value.__module__) in TRUSTED_PACKAGES and issubclass(value, TRUSTED_KINDS)
 
+    def is_trusted(self, found: PickleGlobal) -> bool:
+        """Whether ``found`` is in a module the user trusts."""
+        return any(found.module == trusted or found.module.startswith(f"{trusted}.") for trusted in self.trusted_modules)
+
     def may_call(self, found: PickleGlobal) -> bool:
         """Whether loading may call ``found``: build one of the objects SB3 model files hold."""
         if str(found) in CALLABLE:
             return True
         # gymnasium's spaces (observation_space, action_space)
         return found.module.startswith("gymnasium.spaces.") and self.may_reference(found)
+
+    @staticmethod
+    def may_initialize(found: PickleGlobal) -> bool:
+        """
+        Whether loading may call ``found`` with arguments (REDUCE, OBJ, INST): a function, a builtin type, or an enum
+        (a lookup of its member). The classes of SB3, sb3-contrib, sb3-safe, rl_zoo3 and gymnasium that a file holds
+        objects of are pickled by their ``__new__`` (NEWOBJ) and state: their ``__init__`` allocates what its
+        arguments ask for (a space of a billion values, a buffer of a million copies).
+        """
+        dotted = str(found)
+        return dotted in _ENUMS or _top_package(found.module) not in _INITIALIZED_BY_STATE
 
     def may_pass(self, callee: PickleGlobal, passed: PickleGlobal) -> bool:
         """Whether ``callee`` may be given ``passed`` as an argument (it may call what it is given)."""

@@ -4,27 +4,20 @@ sizes the archive declares are checked before anything is read, so a small file 
 a central directory of millions of entries, is refused without being expanded.
 
 zipfile never returns more bytes than an entry's declared size (and then fails its CRC check if the data is
-longer), so memory stays within the declared sizes, which are within :class:`SizeLimits`.
+longer), so memory stays within the declared sizes, which are charged to the file's
+:class:`~sb3_safe.doctor.budget.ReadingBudget` when the archive is opened (a torch file inside a model file is an
+archive too: its records become tensors).
 """
 
 import io
 import struct
 import zipfile
 import zlib
-from dataclasses import dataclass
 from typing import IO
 
+from sb3_safe.doctor.budget import MIB, ReadingBudget, UnreadableModelError, size_text
 from sb3_safe.doctor.scan import printable
 
-MIB = 2**20
-#: Default limit on one entry's uncompressed size. Real SB3 models are far below it (measured, SB3 2.9): PPO's
-#: CnnPolicy on Atari's 84x84x4 frames (1.7M parameters) saves 6.4 MiB in policy.pth and 12.9 MiB of Adam moments
-#: in policy.optimizer.pth, DQN's 12.9 MiB each; on raw 210x160x3 frames (11.6M parameters) 44.3 and 88.6 MiB.
-#: 512 MiB holds the Adam state of a 64M-parameter policy: 40 times the Atari model, 6 times the raw-frame one.
-DEFAULT_MAX_ENTRY_BYTES = 512 * MIB
-#: Default limit on the sum of the uncompressed sizes (the model's entries, or a torch file's records): what
-#: doctor may hold in memory at once, twice the largest entry
-DEFAULT_MAX_TOTAL_BYTES = 1024 * MIB
 #: Most entries a zip may declare, and most bytes of its central directory: zipfile reads the whole directory and
 #: builds an object for each entry before anything can be checked. A model zip has 5 to 8 entries, a torch file
 #: one record per tensor plus 5 (about 100 bytes of directory each).
@@ -36,29 +29,6 @@ _READ_CHUNK = MIB
 _END_OF_CENTRAL_DIRECTORY = struct.Struct("<4s4H2LH")
 _ZIP64_LOCATOR = struct.Struct("<4sLQL")
 _ZIP64_END_OF_CENTRAL_DIRECTORY = struct.Struct("<4sQ2H2L4Q")
-
-
-class UnreadableModelError(Exception):
-    """The file is not a readable SB3 model; the message says why, in one line."""
-
-
-@dataclass(frozen=True)
-class SizeLimits:
-    """
-    How much of a model file doctor reads.
-
-    :param entry: most bytes of one entry, uncompressed (also of one record of a torch file inside it)
-    :param total: most bytes of all entries together (of one archive)
-    """
-
-    entry: int = DEFAULT_MAX_ENTRY_BYTES
-    total: int = DEFAULT_MAX_TOTAL_BYTES
-
-
-def _size_text(size: int) -> str:
-    if size < MIB:
-        return f"{size / 2**10:.1f} KiB"
-    return f"{size / MIB:.1f} MiB" if size < 10 * 2**30 else f"{size / 2**30:.1f} GiB"
 
 
 def _declared_directory(file: IO[bytes]) -> tuple[int, int] | None:
@@ -95,15 +65,16 @@ def _declared_directory(file: IO[bytes]) -> tuple[int, int] | None:
     return entries, directory_size
 
 
-def open_archive(file: IO[bytes], name: str, limits: SizeLimits) -> zipfile.ZipFile:
+def open_archive(file: IO[bytes], name: str, budget: ReadingBudget) -> zipfile.ZipFile:
     """
-    Open a zip archive after checking the sizes it declares.
+    Open a zip archive after checking the sizes it declares, and charge them to the file's budget.
 
     :param file: the archive, a seekable binary file
     :param name: how the messages name it (the model's path, or ``policy.pth``)
-    :param limits: the size limits
-    :raises UnreadableModelError: if it is not a zip archive, or declares too many entries or an entry or a total
-        beyond the limits (naming the entry and its size, and the flag that raises the limit)
+    :param budget: the budget of the file the archive is (or is in)
+    :raises UnreadableModelError: if it is not a zip archive, or declares too many entries or an entry beyond the
+        limit (naming the entry and its size, and the flag that raises the limit); BudgetExceeded if its entries
+        pass what is left of the file's budget
     """
     directory = _declared_directory(file)
     if directory is None:
@@ -118,8 +89,8 @@ def open_archive(file: IO[bytes], name: str, limits: SizeLimits) -> zipfile.ZipF
     entries, directory_size = directory
     if entries > MAX_ENTRIES or directory_size > MAX_CENTRAL_DIRECTORY_BYTES:
         raise UnreadableModelError(
-            f"{name}: the zip archive declares {entries} entries in a directory of {_size_text(directory_size)}, "
-            f"beyond the limits of {MAX_ENTRIES} entries and {_size_text(MAX_CENTRAL_DIRECTORY_BYTES)}"
+            f"{name}: the zip archive declares {entries} entries in a directory of {size_text(directory_size)}, "
+            f"beyond the limits of {MAX_ENTRIES} entries and {size_text(MAX_CENTRAL_DIRECTORY_BYTES)}"
         )
     try:
         archive = zipfile.ZipFile(file)
@@ -134,6 +105,7 @@ def open_archive(file: IO[bytes], name: str, limits: SizeLimits) -> zipfile.ZipF
             f"{name}: a truncated or damaged zip archive (the directory found at its end describes a zip starting "
             f"at byte {min(starts)}, not at the start of the file)"
         )
+    limits = budget.limits
     total = 0
     seen: set[str] = set()
     for info in archive.infolist():
@@ -144,14 +116,10 @@ def open_archive(file: IO[bytes], name: str, limits: SizeLimits) -> zipfile.ZipF
         total += info.file_size
         if info.file_size > limits.entry:
             raise UnreadableModelError(
-                f"{name}: entry {printable(info.filename)} is {_size_text(info.file_size)} uncompressed, beyond the limit of "
-                f"{_size_text(limits.entry)} per entry (--max-entry-mb raises it)"
+                f"{name}: entry {printable(info.filename)} is {size_text(info.file_size)} uncompressed, beyond the limit of "
+                f"{size_text(limits.entry)} per entry (--max-entry-mb raises it)"
             )
-    if total > limits.total:
-        raise UnreadableModelError(
-            f"{name}: its entries are {_size_text(total)} uncompressed together, beyond the limit of "
-            f"{_size_text(limits.total)} (--max-total-mb raises it)"
-        )
+    budget.charge_bytes(total, name)
     return archive
 
 

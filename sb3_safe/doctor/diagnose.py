@@ -9,21 +9,16 @@ import re
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TextIO
+from typing import IO, Any, TextIO
 
 from sb3_safe.common.distributions import DEFAULT_LOG_STD_RANGE
 from sb3_safe.common.policies import SafeActorCriticPolicy, SafeCnnPolicy, SafeMultiInputPolicy
 from sb3_safe.common.recurrent import SafeCnnLstmPolicy, SafeMultiInputLstmPolicy, SafeRecurrentActorCriticPolicy
 from sb3_safe.doctor.allowlist import Allowlist
-from sb3_safe.doctor.archive import SizeLimits, UnreadableModelError, open_archive, read_entry
-from sb3_safe.doctor.pickles import (
-    PickleReport,
-    data_item_entry,
-    data_pickles,
-    scan_data,
-    scan_pickle_file,
-    scan_torch_entry,
-)
+from sb3_safe.doctor.archive import open_archive, read_entry
+from sb3_safe.doctor.budget import ReadingBudget, SizeLimits, UnreadableModelError
+from sb3_safe.doctor.pickles import data_item_entry, data_pickles
+from sb3_safe.doctor.reading import RefusedPickle, check_pickle_size, parse_data, read_model, read_pickle
 from sb3_safe.doctor.report import DoctorReport, StoredFunction
 from sb3_safe.doctor.scan import PickleScan, printable
 from sb3_safe.doctor.tensors import VARIABLE_ENTRIES, check_state_dict, check_tensors, check_variables, load_torch_entry
@@ -72,8 +67,8 @@ def resolve_path(path: str | Path) -> Path:
     return next((candidate for candidate in with_suffix if candidate.is_file()), path)
 
 
-def _read_entries(path: Path, limits: SizeLimits) -> tuple[bytes, dict[str, bytes]]:
-    """The ``data`` entry and every ``.pth`` entry (as SB3's ``load`` finds them), after the checks of the archive."""
+def _open(path: Path) -> IO[bytes]:
+    """The model file, opened as SB3's ``load`` finds it (a folder or a missing file named in one line)."""
     if path.is_dir():
         models = sorted(model.name for model in path.glob("*.zip"))
         holds = f" (it holds {', '.join(models[:3])}{', ...' if len(models) > 3 else ''})" if models else ""
@@ -81,18 +76,9 @@ def _read_entries(path: Path, limits: SizeLimits) -> tuple[bytes, dict[str, byte
     if not path.is_file():
         raise UnreadableModelError(f"{path}: no such file")
     try:
-        file = path.open("rb")
+        return path.open("rb")
     except OSError as error:
         raise UnreadableModelError(f"{path}: cannot open it ({error.strerror})") from None
-    with file, open_archive(file, str(path), limits) as archive:
-        names = archive.namelist()
-        for required, what in (("policy.pth", "the policy's tensors"), ("data", "the model's metadata")):
-            if required not in names:
-                raise UnreadableModelError(f"{path}: a zip archive without {required} ({what}), so not a saved SB3 model")
-        with _in_file(path):
-            data = read_entry(archive, "data")
-            torch_entries = {name: read_entry(archive, name) for name in names if os.path.splitext(name)[1] == ".pth"}
-    return data, torch_entries
 
 
 def _is_pickle_file(path: Path) -> bool:
@@ -105,34 +91,17 @@ def _is_pickle_file(path: Path) -> bool:
     return len(start) == 2 and start[0] == 0x80 and 2 <= start[1] <= 5
 
 
-def _diagnose_pickle(path: Path, limits: SizeLimits, rules: Allowlist) -> DoctorReport:
-    """A pickle file SB3 writes besides model zips (``vecnormalize.pkl``, a replay buffer): its globals only."""
-    size = path.stat().st_size
-    if size > limits.entry:
-        raise UnreadableModelError(
-            f"{path}: a pickle of {size / 2**20:.1f} MiB, beyond the limit of {limits.entry / 2**20:.1f} MiB per "
-            "entry (--max-entry-mb raises it)"
-        )
-    pickles = PickleReport()
-    scan_pickle_file(path.read_bytes(), path.name, rules, limits, pickles)
-    if pickles.problems and not pickles.findings:
-        raise UnreadableModelError(f"{path}: {pickles.problems[0].removeprefix(f'{path.name}: ')}")
+def _diagnose_pickle(path: Path, budget: ReadingBudget, rules: Allowlist) -> DoctorReport:
+    """A pickle file SB3 writes besides model zips (``vecnormalize.pkl``, a replay buffer): read as load reads it."""
+    with _in_file(path):
+        check_pickle_size(path.stat().st_size, path.name, budget.limits)  # before reading it
+        try:
+            pickles, _ = read_pickle(path.read_bytes(), path.name, rules, budget)
+        except RefusedPickle as refused:
+            return DoctorReport(str(path), unsafe=[refused.finding], tensors_checked=False, pickle_only=True)
+        if pickles.problems and not pickles.findings:
+            raise UnreadableModelError(pickles.problems[0])
     return DoctorReport(str(path), unsafe=pickles.findings, tensors_checked=False, pickle_only=True)
-
-
-def parse_data(raw: bytes) -> dict[str, Any]:
-    """The ``data`` entry as SB3's ``load`` reads it: UTF-8 JSON of an object."""
-    try:
-        data = json.loads(raw.decode())
-    except UnicodeDecodeError:
-        raise UnreadableModelError("data: expected UTF-8 JSON text, got bytes that are not UTF-8") from None
-    except RecursionError:
-        raise UnreadableModelError("data: JSON nested too deeply to read (beyond Python's recursion limit)") from None
-    except ValueError as error:  # JSONDecodeError, and integers beyond Python's digit limit
-        raise UnreadableModelError(f"data: expected JSON, {str(error).splitlines()[0]}") from None
-    if not isinstance(data, dict):
-        raise UnreadableModelError(f"data: expected a JSON object (the model's attributes), got a {type(data).__name__}")
-    return data
 
 
 def _named_class(scan: PickleScan | None) -> str | None:
@@ -204,17 +173,18 @@ def diagnose(
     :raises UnreadableModelError: if the file is not a readable SB3 model (and names nothing unsafe)
     """
     path = resolve_path(path)
-    limits = limits or SizeLimits()
+    budget = ReadingBudget(limits)
     rules = Allowlist(trusted_modules)
     if path.is_file() and _is_pickle_file(path):
-        return _diagnose_pickle(path, limits, rules)
-    data_raw, torch_entries = _read_entries(path, limits)
-    pickles = PickleReport()
-    with _in_file(path):
-        data = parse_data(data_raw)
-        scan_data(data_pickles(data), rules, limits, pickles)
-        for name, raw in torch_entries.items():
-            scan_torch_entry(raw, name, rules, limits, pickles)
+        return _diagnose_pickle(path, budget, rules)
+    with _open(path) as file, _in_file(path):
+        try:
+            # As sb3_safe.load reads it, but for the items that name a module of the user's: doctor does not
+            # import it, so does not build them
+            contents = read_model(file, str(path), rules, budget, unpickles=lambda scan: not _names_trusted(scan, rules))
+        except RefusedPickle as refused:
+            return DoctorReport(str(path), unsafe=[refused.finding], tensors_checked=False)
+        pickles = contents.report
         if pickles.problems and not pickles.findings:
             raise UnreadableModelError(pickles.problems[0])
 
@@ -224,16 +194,19 @@ def diagnose(
         for key, scan in pickles.scans.items()
         if any(finding.builds_code for finding in scan.findings)
     ]
-    _read_metadata(data, pickles.scans, report)
+    _read_metadata(contents.data or {}, pickles.scans, report)
     with _in_file(path):
-        params, variables, variables_entry = _load_tensors(torch_entries, pickles.unsafe_entries, report)
-    del torch_entries
+        if report.unsafe:
+            params, variables, variables_entry = _load_tensors(contents.torch_entries, pickles.unsafe_entries, report)
+        else:
+            params, variables, variables_entry = _split_tensors(contents.tensors)
+    del contents
     if "policy" not in params:
         report.tensors_checked = False
         return report
     try:
         with _in_file(path):
-            check_tensors(params, variables, report, top, limits.total, variables_entry)
+            check_tensors(params, variables, report, top, budget.limits.total, variables_entry)
     except UnreadableModelError as error:
         if not report.unsafe:
             raise
@@ -242,29 +215,44 @@ def diagnose(
     return report
 
 
-def _pickles_of(path: Path, entry: str, limits: SizeLimits) -> list[tuple[str, io.BytesIO]]:
+def _names_trusted(scan: PickleScan, rules: Allowlist) -> bool:
+    """Whether the pickle names a global of a module the user trusts."""
+    return any(rules.is_trusted(found) for found in scan.references)
+
+
+def _split_tensors(tensors: dict[str, Any]) -> tuple[dict[str, dict[str, Any]], dict[str, Any], str]:
+    """The state dicts (by entry name without ``.pth``), the variables and their entry, of loaded entries."""
+    variables_entry = next((name for name in tensors if name in VARIABLE_ENTRIES), VARIABLE_ENTRIES[0])
+    params = {os.path.splitext(name)[0]: value for name, value in tensors.items() if name not in VARIABLE_ENTRIES}
+    return params, tensors.get(variables_entry, {}), variables_entry
+
+
+def _pickles_of(path: Path, entry: str, budget: ReadingBudget) -> list[tuple[str, io.BytesIO]]:
     """The pickles of one entry (``data[KEY]`` or a ``.pth`` name), as binary files; of a pickle file, itself."""
     if path.is_file() and _is_pickle_file(path):
-        if path.stat().st_size > limits.entry:
-            raise UnreadableModelError(f"{path}: beyond the limit of {limits.entry / 2**20:.1f} MiB per entry")
+        if path.stat().st_size > budget.limits.entry:
+            raise UnreadableModelError(f"{path}: beyond the limit of {budget.limits.entry / 2**20:.1f} MiB per entry")
         return [(path.name, io.BytesIO(path.read_bytes()))]
-    data_raw, torch_entries = _read_entries(path, limits)
-    with _in_file(path):
+    with _open(path) as file, _in_file(path), open_archive(file, str(path), budget) as archive:
         item = re.fullmatch(r"""data\[["']?(.*?)["']?\]""", entry)
         if item is not None:
-            pickles = data_pickles(parse_data(data_raw))
+            if "data" not in archive.namelist():
+                raise UnreadableModelError("a zip archive without data (the model's metadata)")
+            pickles = data_pickles(parse_data(read_entry(archive, "data")), budget)
             if item.group(1) not in pickles:
                 raise UnreadableModelError(f"data has no pickled item {item.group(1)!r} (pickled: {', '.join(pickles)})")
             return [(data_item_entry(item.group(1)), io.BytesIO(pickles[item.group(1)]))]
+        torch_entries = [name for name in archive.namelist() if os.path.splitext(name)[1] == ".pth"]
         if entry not in torch_entries:
             raise UnreadableModelError(f"no entry {entry!r} (pickles: data[KEY], {', '.join(torch_entries)})")
-        raw = torch_entries[entry]
-        if raw[:4] != b"PK\x03\x04":
-            return [(f"{entry} (legacy format)", io.BytesIO(raw))]
-        archive = open_archive(io.BytesIO(raw), entry, limits)
+        raw = read_entry(archive, entry)
+    if raw[:4] != b"PK\x03\x04":
+        return [(f"{entry} (legacy format)", io.BytesIO(raw))]
+    with _in_file(path):
+        nested = open_archive(io.BytesIO(raw), entry, budget)
         return [
-            (f"{entry} ({name})", io.BytesIO(read_entry(archive, name, entry)))
-            for name in archive.namelist()
+            (f"{entry} ({name})", io.BytesIO(read_entry(nested, name, entry)))
+            for name in nested.namelist()
             if name.endswith(".pkl")
         ]
 
@@ -279,7 +267,7 @@ def disassemble(path: str | Path, entry: str, out: TextIO, limits: SizeLimits | 
     :param limits: how much of the file may be read
     :raises UnreadableModelError: if there is no such pickle
     """
-    for name, pickle in _pickles_of(resolve_path(path), entry, limits or SizeLimits()):
+    for name, pickle in _pickles_of(resolve_path(path), entry, ReadingBudget(limits)):
         print(f"{name}:", file=out)
         # torch's legacy format is several pickles in a row
         while pickle.tell() < len(pickle.getbuffer()):

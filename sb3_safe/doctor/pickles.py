@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sb3_safe.doctor.allowlist import Allowlist
-from sb3_safe.doctor.archive import SizeLimits, UnreadableModelError, open_archive, read_entry
+from sb3_safe.doctor.archive import open_archive, read_entry
+from sb3_safe.doctor.budget import BudgetExceeded, ReadingBudget, UnreadableModelError
 from sb3_safe.doctor.scan import Finding, PickleScan, printable, scan_pickle
 
 #: torch's legacy format: magic number, protocol, system info, the object, the storage keys
@@ -57,10 +58,12 @@ def data_item_entry(key: str) -> str:
     return printable(f'data["{key}"]')
 
 
-def data_pickles(data: dict[str, Any]) -> dict[str, bytes]:
+def data_pickles(data: dict[str, Any], budget: ReadingBudget) -> dict[str, bytes]:
     """
     The pickles SB3's ``load`` would unpickle from ``data``, by key, decoded as ``load`` decodes them.
 
+    :param data: the parsed ``data`` entry
+    :param budget: the file's budget, charged with the decoded pickles
     :raises UnreadableModelError: for an item ``load`` cannot decode (``:serialized:`` not base64 text)
     """
     pickles = {}
@@ -74,31 +77,32 @@ def data_pickles(data: dict[str, Any]) -> dict[str, bytes]:
         try:
             # As SB3's json_to_data decodes it (non-alphabet characters are dropped, not refused)
             pickles[key] = base64.b64decode(serialized.encode())
+            budget.charge_bytes(len(pickles[key]), entry)
         except (binascii.Error, ValueError, UnicodeError) as error:
             raise UnreadableModelError(f"{entry}: ':serialized:' is not base64 ({error})") from None
     return pickles
 
 
-def scan_data(pickles: dict[str, bytes], rules: Allowlist, limits: SizeLimits, report: PickleReport) -> None:
+def scan_data(pickles: dict[str, bytes], rules: Allowlist, budget: ReadingBudget, report: PickleReport) -> None:
     """Scan the pickles of ``data`` (from :func:`data_pickles`) into ``report``."""
     for key, pickle in pickles.items():
-        scan = scan_pickle(pickle, data_item_entry(key), rules)
+        scan = scan_pickle(pickle, data_item_entry(key), rules, budget)
         report.scans[key] = scan
         report.add(scan)
-        _scan_nested(scan, rules, limits, report, depth=1)
+        _scan_nested(scan, rules, budget, report, depth=1)
 
 
-def scan_pickle_file(raw: bytes, entry: str, rules: Allowlist, limits: SizeLimits, report: PickleReport) -> None:
+def scan_pickle_file(raw: bytes, entry: str, rules: Allowlist, budget: ReadingBudget, report: PickleReport) -> None:
     """Scan a pickle file (``vecnormalize.pkl``, a replay buffer: loaded with a full unpickler) into ``report``."""
-    scan = scan_pickle(raw, entry, rules)
+    scan = scan_pickle(raw, entry, rules, budget)
     report.add(scan)
-    _scan_nested(scan, rules, limits, report, depth=1)
+    _scan_nested(scan, rules, budget, report, depth=1)
 
 
-def scan_torch_entry(raw: bytes, entry: str, rules: Allowlist, limits: SizeLimits, report: PickleReport) -> None:
+def scan_torch_entry(raw: bytes, entry: str, rules: Allowlist, budget: ReadingBudget, report: PickleReport) -> None:
     """Scan the pickles of one ``.pth`` entry (torch's zip or legacy format) into ``report``."""
     first = len(report.findings)
-    if _scan_torch_file(raw, entry, rules, limits, report, depth=0):
+    if _scan_torch_file(raw, entry, rules, budget, report, depth=0):
         report.unsafe_entries.add(entry)
     # SB3's load reads .pth entries with torch.load(weights_only=True), whose own allowlist refuses these globals
     report.findings[first:] = [
@@ -111,7 +115,9 @@ def scan_torch_entry(raw: bytes, entry: str, rules: Allowlist, limits: SizeLimit
     ]
 
 
-def _scan_torch_file(raw: bytes, entry: str, rules: Allowlist, limits: SizeLimits, report: PickleReport, depth: int) -> bool:
+def _scan_torch_file(
+    raw: bytes, entry: str, rules: Allowlist, budget: ReadingBudget, report: PickleReport, depth: int
+) -> bool:
     """Whether the torch file had findings or problems."""
     if depth > _MAX_NESTING:
         report.problems.append(f"{entry}: torch files nested more than {_MAX_NESTING} deep")
@@ -119,43 +125,45 @@ def _scan_torch_file(raw: bytes, entry: str, rules: Allowlist, limits: SizeLimit
     # torch.load tells its formats apart by the first bytes (a zip's local file header), not as zipfile does
     if raw[:4] == b"PK\x03\x04":
         try:
-            pickles = _torch_zip_pickles(raw, entry, limits)
+            pickles = _torch_zip_pickles(raw, entry, budget)
+        except BudgetExceeded:
+            raise
         except UnreadableModelError as error:
             report.problems.append(str(error))
             return True
         bad = False
         for name, pickle in pickles:
-            scan = scan_pickle(pickle, name, rules)
+            scan = scan_pickle(pickle, name, rules, budget, persistent_ids="torch zip")
             bad = report.add(scan) or bad
-            bad = _scan_nested(scan, rules, limits, report, depth + 1) or bad
+            bad = _scan_nested(scan, rules, budget, report, depth + 1) or bad
         return bad
     file = io.BytesIO(raw)
     bad = False
     for index in range(_LEGACY_PICKLES):
-        scan = scan_pickle(file, f"{entry} (legacy format, pickle {index + 1})", rules)
+        scan = scan_pickle(file, f"{entry} (legacy format, pickle {index + 1})", rules, budget, persistent_ids="torch legacy")
         if index == 0 and scan.error is not None and not scan.findings:
             report.problems.append(f"{entry}: not a torch file, neither its zip format nor its legacy format ({scan.error})")
             return True
         bad = report.add(scan) or bad
-        bad = _scan_nested(scan, rules, limits, report, depth + 1) or bad
+        bad = _scan_nested(scan, rules, budget, report, depth + 1) or bad
         if scan.error is not None:
             break
     return bad
 
 
-def _scan_nested(scan: PickleScan, rules: Allowlist, limits: SizeLimits, report: PickleReport, depth: int) -> bool:
+def _scan_nested(scan: PickleScan, rules: Allowlist, budget: ReadingBudget, report: PickleReport, depth: int) -> bool:
     bad = False
     for name, raw in scan.nested:
-        bad = _scan_torch_file(raw, name, rules, limits, report, depth) or bad
+        bad = _scan_torch_file(raw, name, rules, budget, report, depth) or bad
     return bad
 
 
-def _torch_zip_pickles(raw: bytes, entry: str, limits: SizeLimits) -> list[tuple[str, bytes]]:
+def _torch_zip_pickles(raw: bytes, entry: str, budget: ReadingBudget) -> list[tuple[str, bytes]]:
     """
     The pickles of a torch zip file: ``data.pkl`` in the folder of its first record (where ``torch.load`` reads it),
     and any other ``.pkl`` record.
     """
-    archive = open_archive(io.BytesIO(raw), entry, limits)
+    archive = open_archive(io.BytesIO(raw), entry, budget)
     names = archive.namelist()
     if not names:
         raise UnreadableModelError(f"{entry}: an empty torch zip file")

@@ -10,19 +10,25 @@ decision. Nothing is imported, nothing is unpickled.
 """
 
 import _compat_pickle
+import math
 import pickletools
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import IO, Any, Protocol
+from typing import IO, Any, Literal, Protocol
+
+from sb3_safe.doctor.budget import BudgetExceeded, ReadingBudget
 
 _STRING_OPCODES = frozenset(
     {"STRING", "BINSTRING", "SHORT_BINSTRING", "UNICODE", "SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8"}
 )
 _BYTES_OPCODES = frozenset({"BINBYTES", "SHORT_BINBYTES", "BINBYTES8"})
-#: Opcodes that push a number, a bool or None: a plain value, not an object built by a call
-_CONSTANT_OPCODES = frozenset(
-    {"INT", "BININT", "BININT1", "BININT2", "LONG", "LONG1", "LONG4", "FLOAT", "BINFLOAT", "NONE", "NEWTRUE", "NEWFALSE"}
-)
+#: Opcodes that push an integer (kept: shapes and storage sizes are read from them)
+_INT_OPCODES = frozenset({"INT", "BININT", "BININT1", "BININT2", "LONG", "LONG1", "LONG4"})
+#: Opcodes that push a float, a bool or None: a plain value, not an object built by a call
+_CONSTANT_OPCODES = frozenset({"FLOAT", "BINFLOAT", "NONE", "NEWTRUE", "NEWFALSE"})
+#: Opcodes that build a container, filled by the mutating opcodes
+_EMPTY_CONTAINER_OPCODES = frozenset({"EMPTY_LIST", "EMPTY_DICT", "EMPTY_SET"})
+_MARKED_CONTAINER_OPCODES = frozenset({"LIST", "FROZENSET"})
 _GET_OPCODES = frozenset({"GET", "BINGET", "LONG_BINGET"})
 _PUT_OPCODES = frozenset({"PUT", "BINPUT", "LONG_BINPUT"})
 #: Opcodes that call a method of the object below the mark / the value: append, extend, __setitem__, add
@@ -33,13 +39,18 @@ _MUTATING_OPCODES = {"APPEND": 2, "APPENDS": None, "SETITEM": 3, "SETITEMS": Non
 _CALLED_ATTRIBUTES = frozenset({"__setstate__", "append", "extend", "add"})
 #: The items of a function's state that say where it was defined
 _FUNCTION_NAMES = ("__module__", "__qualname__")
+#: numpy's reconstructor of arrays: numpy's pickles ask it for an empty array, then set the contents (BUILD)
+_NUMPY_RECONSTRUCT = frozenset({"numpy._core.multiarray._reconstruct", "numpy.core.multiarray._reconstruct"})
+#: Bytes per value of torch's legacy storage classes (a legacy torch file allocates a storage's declared size
+#: before reading it); other classes are charged the largest
+_STORAGE_ITEM_BYTES = {"DoubleStorage": 8, "FloatStorage": 4, "HalfStorage": 2, "BFloat16Storage": 2, "LongStorage": 8}
+_LARGEST_ITEM_BYTES = 16
+#: Opcodes charged to the budget at a time
+_OPCODE_BATCH = 4096
 
-
-#: Most opcodes read from one pickle: a real one has at most a few million (torch's pickle of 100,000 tensors);
-#: beyond, the scan stops and the file is not reported healthy
-MAX_OPCODES = 10_000_000
-#: Most values of a call's arguments searched for globals (a real call has a handful)
-_MAX_ARGUMENT_VALUES = 10_000
+#: How a pickle's persistent ids are resolved: refused (a full unpickler has no table for them), or as torch's
+#: loaders resolve them (storages: a record of a torch zip, or data following a legacy torch file's pickles)
+PersistentIds = Literal["refuse", "torch zip", "torch legacy"]
 
 
 def printable(text: str) -> str:
@@ -80,6 +91,9 @@ class ScanRules(Protocol):
 
     def describe(self, found: PickleGlobal) -> str | None:
         """What loading does with ``found``, where that says more than "the pickle calls it"; None otherwise."""
+
+    def may_initialize(self, found: PickleGlobal) -> bool:
+        """Whether loading may call ``found`` with arguments (REDUCE), not only build it without ``__init__`` (NEWOBJ)."""
 
 
 @dataclass(frozen=True)
@@ -137,7 +151,19 @@ class _Mark:
 
 
 class _Built:
-    """An object the pickle built by a call (or a container): calling it is not statically checkable."""
+    """
+    An object the pickle built by a call or as a container: calling it is not statically checkable.
+
+    :param items: what the pickle puts in it: a container's items (keys and values of a dict), BUILD's state
+    :param arguments: the arguments of the call that built it: the object may hold them (a ``deque`` holds its list's
+        items), but a global among them was checked as an argument of that call
+    """
+
+    __slots__ = ("arguments", "items")
+
+    def __init__(self, items: list[Any] | None = None, arguments: tuple[Any, ...] = ()) -> None:
+        self.items: list[Any] = [] if items is None else items
+        self.arguments = arguments
 
 
 class _Constant:
@@ -145,7 +171,6 @@ class _Constant:
 
 
 _MARK = _Mark()
-_BUILT = _Built()
 _CONSTANT = _Constant()
 
 
@@ -156,9 +181,13 @@ class _MalformedPickle(Exception):
 class _Machine:
     """The pickle machine's stack and memo, with only what the scan needs: strings, bytes, tuples, globals."""
 
-    def __init__(self, scan: PickleScan, rules: ScanRules):
+    def __init__(self, scan: PickleScan, rules: ScanRules, budget: ReadingBudget, persistent_ids: PersistentIds):
         self.scan = scan
         self.rules = rules
+        self.budget = budget
+        self.persistent_ids = persistent_ids
+        #: the legacy storages declared so far, by key: loading allocates each once
+        self.storages: set[Any] = set()
         self.stack: list[Any] = []
         self.memo: dict[int, Any] = {}
         #: the PROTO opcode's protocol: below 3 the unpickler maps Python 2 names (``__builtin__``) to Python 3's
@@ -185,9 +214,10 @@ class _Machine:
     def name_global(self, module: Any, name: Any) -> Any:
         if not (isinstance(module, str) and isinstance(name, str)):
             # The unpickler requires both to be str: it raises, unless computed at load time by a call
-            what = "module and name" if module is _BUILT or name is _BUILT else "a module or name that is not a string"
+            built = isinstance(module, _Built) or isinstance(name, _Built)
+            what = "module and name" if built else "a module or name that is not a string"
             self.flag("a STACK_GLOBAL that cannot be resolved statically", f"{what} computed while loading")
-            return _BUILT
+            return _Built()
         if self.protocol < 3:
             if (module, name) in _compat_pickle.NAME_MAPPING:
                 module, name = _compat_pickle.NAME_MAPPING[(module, name)]
@@ -198,25 +228,58 @@ class _Machine:
             self.scan.references.append(found)
         return found
 
-    def call(self, callee: Any, args: Any) -> None:
+    def call(self, callee: Any, arguments: tuple[Any, ...], initializes: bool) -> _Built:
+        """
+        A call of ``callee`` with ``arguments`` (as the unpickler checks them: REDUCE's and OBJ's argument tuple;
+        NEWOBJ_EX's tuple and dict); ``initializes`` for a call that runs the callee, not only its ``__new__``.
+        """
+        self.budget.charge_call(self.scan.entry)
+        result = _Built(arguments=arguments)
         if not isinstance(callee, PickleGlobal):
             self.flag(_BUILT_CALL, "not a named global, cannot be checked statically")
-            return
+            return result
         if callee not in self.scan.calls:
             self.scan.calls.append(callee)
-        for passed in _globals_in(args):
+        for passed in _globals_in(arguments, self.budget, self.scan.entry):
             if not self.rules.may_pass(callee, passed):
                 self.flag(str(passed), f"the pickle passes it to {callee}, which calls it")
+        if initializes and self.rules.may_call(callee) and not self.rules.may_initialize(callee):
+            self.flag(str(callee), _INITIALIZES)
+        args = arguments[0]
         if self.rules.loads_bytes(callee):
             if isinstance(args, tuple) and len(args) == 1 and isinstance(args[0], bytes):
                 self.scan.nested.append((f"{self.scan.entry} > bytes loaded by {callee}", args[0]))
             else:
                 self.flag(f"{callee} of data computed while loading", "cannot be checked statically")
+        elif str(callee) in _NUMPY_RECONSTRUCT:
+            problem = empty_shape_problem(args[1] if isinstance(args, tuple) and len(args) > 1 else None)
+            if problem is not None:
+                self.flag(f"{callee} {problem}", _NUMPY_ALLOCATES)
+        return result
 
-    def mutate(self, target: Any) -> None:
+    def persistent_id(self, pid: Any) -> None:
+        """A persistent id: refused, or a storage, whose size a legacy torch file allocates before reading it."""
+        if self.persistent_ids == "refuse":
+            raise _MalformedPickle("a persistent id, which the unpickler that loads this pickle has no table to resolve")
+        if self.persistent_ids != "torch legacy":
+            return  # a record of the torch zip, already charged at its declared size
+        # ("storage", storage class, key, location, size, view metadata)
+        if not (isinstance(pid, tuple) and len(pid) in (5, 6) and pid[0] == "storage" and isinstance(pid[4], int)):
+            raise _MalformedPickle("a persistent id that is not one of a torch storage")
+        storage_type, key, numel = pid[1], pid[2], pid[4]
+        if isinstance(key, _Built) or key in self.storages:
+            return
+        self.storages.add(key)
+        type_name = storage_type.name if isinstance(storage_type, PickleGlobal) else None
+        item_bytes = _STORAGE_ITEM_BYTES.get(type_name, _LARGEST_ITEM_BYTES) if type_name else _LARGEST_ITEM_BYTES
+        self.budget.charge_bytes(max(numel, 0) * item_bytes, self.scan.entry)
+
+    def mutate(self, target: Any, added: list[Any]) -> None:
         if isinstance(target, PickleGlobal):
             # APPEND / SETITEM / BUILD on a class or function: its methods run, its attributes change
             self.flag(str(target), "the pickle changes it (appends to it, sets items or attributes)")
+        elif isinstance(target, _Built):
+            target.items += added
 
     def read_items(self, items: list[Any]) -> None:
         """Check the keys of a dict's items; keep the names a stored function gives itself."""
@@ -230,7 +293,7 @@ class _Machine:
         for key in keys:
             if isinstance(key, str) and (key in _CALLED_ATTRIBUTES or (key.startswith("__") and key.endswith("__"))):
                 self.flag(f"attribute {key}", _ATTRIBUTE_KEY)
-            elif key is _BUILT:  # a str subclass built by a call names attributes as a str does
+            elif isinstance(key, _Built):  # a str subclass built by a call names attributes as a str does
                 self.flag(_COMPUTED_KEY, "cannot be checked statically (it can name an attribute)")
 
     def global_findings(self) -> list[Finding]:
@@ -256,7 +319,7 @@ class _Machine:
 
     def step(self, opcode: pickletools.OpcodeInfo, arg: Any) -> None:
         name = opcode.name
-        if name in _STRING_OPCODES or name in _BYTES_OPCODES:
+        if name in _STRING_OPCODES or name in _BYTES_OPCODES or name in _INT_OPCODES:
             self.stack.append(arg)
         elif name in _CONSTANT_OPCODES:
             self.stack.append(_CONSTANT)
@@ -264,8 +327,7 @@ class _Machine:
             module, _, attribute = str(arg).partition(" ")
             found = self.name_global(module, attribute)
             if name == "INST":
-                self.call(found, tuple(self.pop_to_mark()))
-                self.stack.append(_BUILT)
+                self.stack.append(self.call(found, (tuple(self.pop_to_mark()),), initializes=True))
             else:
                 self.stack.append(found)
         elif name == "STACK_GLOBAL":
@@ -273,31 +335,33 @@ class _Machine:
             self.stack.append(self.name_global(self.pop(), attribute))
         elif name == "REDUCE" or name == "NEWOBJ":
             args = self.pop()
-            self.call(self.pop(), args)
-            self.stack.append(_BUILT)
+            self.stack.append(self.call(self.pop(), (args,), initializes=name == "REDUCE"))
         elif name == "NEWOBJ_EX":
-            self.pop()  # kwargs
+            kwargs = self.pop()
             args = self.pop()
-            self.call(self.pop(), args)
-            self.stack.append(_BUILT)
+            self.stack.append(self.call(self.pop(), (args, kwargs), initializes=False))
         elif name == "OBJ":
             items = self.pop_to_mark()
             if not items:
                 raise _MalformedPickle("OBJ without a class")
-            self.call(items[0], tuple(items[1:]))
-            self.stack.append(_BUILT)
+            self.stack.append(self.call(items[0], (tuple(items[1:]),), initializes=True))
         elif name == "BUILD":
-            self.pop()  # the state
-            self.mutate(self.top())
+            state = self.pop()
+            self.mutate(self.top(), [state])
         elif name in _MUTATING_OPCODES:
             depth = _MUTATING_OPCODES[name]
             items = self.pop_to_mark() if depth is None else [self.pop() for _ in range(depth - 1)][::-1]
             if name.startswith("SETITEM"):
                 self.read_items(items)
-            self.mutate(self.top())
+            self.mutate(self.top(), items)
         elif name == "DICT":
-            self.read_items(self.pop_to_mark())
-            self.stack.append(_BUILT)
+            items = self.pop_to_mark()
+            self.read_items(items)
+            self.stack.append(_Built(items))
+        elif name in _MARKED_CONTAINER_OPCODES:
+            self.stack.append(_Built(self.pop_to_mark()))
+        elif name in _EMPTY_CONTAINER_OPCODES:
+            self.stack.append(_Built())
         elif name in ("TUPLE1", "TUPLE2", "TUPLE3"):
             items = [self.pop() for _ in range(int(name[-1]))]
             self.stack.append(tuple(items[::-1]))
@@ -318,7 +382,10 @@ class _Machine:
         elif name in ("EXT1", "EXT2", "EXT4"):
             # copyreg's extension registry maps the code to a global only the loading process knows
             self.flag(f"extension code {arg} (copyreg registry)", "a global that cannot be resolved statically")
-            self.stack.append(_BUILT)
+            self.stack.append(_Built())
+        elif name in ("PERSID", "BINPERSID"):
+            self.persistent_id(arg if name == "PERSID" else self.pop())
+            self.stack.append(_Built())
         elif name == "MARK":
             self.stack.append(_MARK)
         elif name == "PROTO":
@@ -335,26 +402,62 @@ class _Machine:
         else:
             for _ in before:
                 self.pop()
-        self.stack.extend(_MARK if item is pickletools.markobject else _BUILT for item in opcode.stack_after)
+        self.stack.extend(_MARK if item is pickletools.markobject else _Built() for item in opcode.stack_after)
 
 
-def _globals_in(value: Any) -> Iterator[PickleGlobal]:
-    """The globals in a call's arguments, in tuples too (without recursion: a pickle can nest tuples deeply)."""
-    pending = [value]
-    seen = 0
+def _globals_in(arguments: tuple[Any, ...], budget: ReadingBudget, entry: str) -> Iterator[PickleGlobal]:
+    """
+    The globals in a call's arguments, inside tuples and containers too (without recursion: a pickle can nest them
+    deeply). Each object is searched once per call (the memo can share one list among many), and every value
+    searched is charged to the budget: at least what the unpickler's search of the same call searches, since an
+    object built by an earlier call is searched through that call's arguments too (only for the cost: the globals
+    among them were checked as that call's).
+    """
+    budget.charge_values(1, entry)
+    pending: list[Any] = [arguments]
+    searched: set[int] = set()
+    # What earlier calls' arguments hold: searched for the cost only
+    for_cost: list[Any] = []
+    searched_for_cost: set[int] = set()
     while pending:
         item = pending.pop()
-        seen += 1
-        if seen > _MAX_ARGUMENT_VALUES:
-            # A pickle can hand one huge tuple (from the memo) to each of many calls
-            raise _MalformedPickle(f"a call with more than {_MAX_ARGUMENT_VALUES} argument values, not checked")
         if isinstance(item, PickleGlobal):
             yield item
-        elif isinstance(item, tuple):
-            pending.extend(item)
+        elif isinstance(item, tuple | _Built) and id(item) not in searched:
+            searched.add(id(item))
+            pending.extend(_held(item, budget, entry, for_cost))
+    while for_cost:
+        item = for_cost.pop()
+        if isinstance(item, tuple | _Built) and id(item) not in searched_for_cost:
+            searched_for_cost.add(id(item))
+            for_cost.extend(_held(item, budget, entry, for_cost))
 
 
-def scan_pickle(data: bytes | IO[bytes], entry: str, rules: ScanRules) -> PickleScan:
+def _held(item: tuple[Any, ...] | _Built, budget: ReadingBudget, entry: str, for_cost: list[Any]) -> Sequence[Any]:
+    """What a tuple or a built object holds, charged; a built object's call arguments go to ``for_cost``."""
+    if isinstance(item, tuple):
+        budget.charge_values(len(item), entry)
+        return item
+    budget.charge_values(len(item.items) + len(item.arguments), entry)
+    for_cost.extend(item.arguments)
+    return item.items
+
+
+def empty_shape_problem(shape: Any) -> str | None:
+    """Why numpy's reconstructor of arrays must not be given ``shape``: its pickles ask for no values; None if fine."""
+    if not (isinstance(shape, tuple) and all(isinstance(size, int) for size in shape)):
+        return "asked for an array of a shape computed while loading"
+    values = math.prod(shape)
+    return None if values == 0 else f"asked for an array of {values} values before its contents are read"
+
+
+def scan_pickle(
+    data: bytes | IO[bytes],
+    entry: str,
+    rules: ScanRules,
+    budget: ReadingBudget | None = None,
+    persistent_ids: PersistentIds = "refuse",
+) -> PickleScan:
     """
     Read the globals a pickle would import and call, without loading it.
 
@@ -362,22 +465,32 @@ def scan_pickle(data: bytes | IO[bytes], entry: str, rules: ScanRules) -> Pickle
         legacy format is several pickles in a row); what follows ``STOP`` is ignored, as the unpickler ignores it
     :param entry: where it is, for the findings (``data["policy_class"]``, ``policy.pth``)
     :param rules: what loading may do with each global
+    :param budget: the budget of the file the pickle is in, charged with its opcodes, calls and the values of their
+        arguments (the legacy storages it declares too); None: a budget of its own, with the default limits
+    :param persistent_ids: how loading resolves its persistent ids: refused by a full unpickler, storages for torch
     :return: what it names, calls, and would do beyond an SB3 file's needs; ``error`` says where it stops being
         a pickle (what comes before still runs when loaded, so its findings stand)
+    :raises BudgetExceeded: when the pickle costs more than is left of the budget
     """
+    budget = budget or ReadingBudget()
     scan = PickleScan(entry)
-    machine = _Machine(scan, rules)
+    machine = _Machine(scan, rules, budget, persistent_ids)
     stopped = False
+    counted = 0
     try:
-        for count, (opcode, arg, position) in enumerate(pickletools.genops(data)):
-            if count >= MAX_OPCODES:
-                raise _MalformedPickle(f"more than {MAX_OPCODES} opcodes, beyond what doctor reads (from byte {position})")
+        for count, (opcode, arg, position) in enumerate(pickletools.genops(data), start=1):
+            if count - counted == _OPCODE_BATCH:
+                budget.charge_opcodes(count - counted, entry)
+                counted = count
             try:
                 machine.step(opcode, arg)
             except _MalformedPickle as error:
                 raise _MalformedPickle(f"{error} at byte {position} ({opcode.name})") from None
             if opcode.name == "STOP":
                 stopped = True
+                budget.charge_opcodes(count - counted, entry)
+    except BudgetExceeded:
+        raise
     except _MalformedPickle as error:
         scan.error = str(error)
     except Exception as error:  # pickletools reports truncated or unknown opcodes as ValueError, others are rarer
@@ -392,6 +505,8 @@ def scan_pickle(data: bytes | IO[bytes], entry: str, rules: ScanRules) -> Pickle
 
 
 _BUILT_CALL = "an object the pickle builds and then calls"
+_INITIALIZES = "the pickle calls it with arguments; pickles of its objects build them without calling it (NEWOBJ)"
+_NUMPY_ALLOCATES = "loading allocates what the file asks for, which numpy's pickles never ask"
 _ATTRIBUTE_KEY = "a dict key BUILD's state can set on an object, which the unpickler may call"
 _COMPUTED_KEY = "a dict key computed while loading"
 

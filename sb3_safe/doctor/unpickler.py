@@ -7,10 +7,15 @@ to refuse; this unpickler does not rely on that reading and enforces the same ru
 
 - ``GLOBAL`` / ``STACK_GLOBAL`` / ``INST`` resolve a name only if the allowlist lets a file name it;
 - ``REDUCE`` / ``NEWOBJ`` / ``NEWOBJ_EX`` / ``OBJ`` / ``INST`` call only a resolved global the allowlist lets a file call
-  (never an object the pickle built), and only with the globals that callee may be given;
+  (never an object the pickle built), and only with the globals that callee may be given; ``REDUCE`` / ``OBJ`` /
+  ``INST`` (which run the callee with arguments, not only its ``__new__``) only a function, a builtin type or an enum;
+  numpy's reconstructor only for an empty array;
+- the calls and the values searched in their arguments are charged to a
+  :class:`~sb3_safe.doctor.budget.ReadingBudget` (each object once per call), as the scan charges them;
 - ``BUILD`` never changes a resolved global (a class or a function) and looks ``__setstate__`` up on the object's
   class, not on the object (whose attributes the pickle sets); other state is set as a plain dict, without dunder
-  names (``__class__``);
+  names (``__class__``); an array's state must hold as many values as its shape (numpy reads the objects of an
+  object array past the end of a shorter list, and crashes);
 - ``APPEND(S)`` / ``SETITEM(S)`` / ``ADDITEMS`` fill only lists, deques, dicts and sets, through their own methods;
 - extension codes and persistent ids (which resolve through tables of the loading process) are refused;
 - ``torch.storage._load_from_bytes`` (a tensor pickled by plain pickle, as ARS keeps its weights) is resolved to a
@@ -23,18 +28,21 @@ It is :class:`pickle._Unpickler`, Python's own unpickler written in Python (the 
 import _compat_pickle
 import importlib
 import io
+import math
 import pickle
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import numpy as np
 import torch as th
 
 from sb3_safe.doctor.allowlist import Allowlist
-from sb3_safe.doctor.scan import Finding, PickleGlobal
+from sb3_safe.doctor.budget import ReadingBudget
+from sb3_safe.doctor.scan import Finding, PickleGlobal, empty_shape_problem
 
-#: Most values of a call's arguments searched for globals (the scan's limit counts tuples only; these are objects)
-_MAX_ARGUMENT_VALUES = 1_000_000
+#: numpy's reconstructor of arrays, by name
+_NUMPY_RECONSTRUCT = frozenset({"numpy._core.multiarray._reconstruct", "numpy.core.multiarray._reconstruct"})
 #: What each filling opcode may fill: the exact types pickle fills that way for the objects SB3 files hold
 _LIST_TYPES = (list, deque)
 _DICT_TYPES = (dict, OrderedDict)
@@ -61,6 +69,7 @@ class RestrictedUnpickler(pickle._Unpickler):
     :param data: the pickle
     :param entry: where it is, for the findings (``data["policy_class"]``, ``vecnormalize.pkl``)
     :param rules: the allowlist
+    :param budget: charged with the calls and the values searched in their arguments
     """
 
     # pickle._Unpickler's own, undocumented (so not in typeshed)
@@ -69,10 +78,11 @@ class RestrictedUnpickler(pickle._Unpickler):
     append: Callable[[Any], None]
     pop_mark: Callable[[], list[Any]]
 
-    def __init__(self, data: bytes, entry: str, rules: Allowlist) -> None:
+    def __init__(self, data: bytes, entry: str, rules: Allowlist, budget: ReadingBudget) -> None:
         super().__init__(io.BytesIO(data))
         self.entry = entry
         self.rules = rules
+        self.budget = budget
         #: the globals resolved so far, by id of the object (kept alive here, so that ids stay unique), with its names
         self.resolved: dict[int, tuple[Any, list[PickleGlobal]]] = {}
 
@@ -101,7 +111,8 @@ class RestrictedUnpickler(pickle._Unpickler):
         entry = self.resolved.get(id(value))
         return entry[1] if entry is not None and entry[0] is value else []
 
-    def _check_call(self, callee: Any, *arguments: Any) -> None:
+    def _check_call(self, callee: Any, *arguments: Any, initializes: bool = False) -> None:
+        self.budget.charge_call(self.entry)
         names = self._names(callee)
         if not names:
             raise self.refuse(_BUILT_CALL, "not a global the file may call")
@@ -111,24 +122,39 @@ class RestrictedUnpickler(pickle._Unpickler):
         for passed in self._globals_in(arguments):
             if not any(self.rules.may_pass(found, name) for found in callable_as for name in passed):
                 raise self.refuse(str(passed[0]), f"the pickle passes it to {callable_as[0]}, which calls it")
+        if initializes and not any(self.rules.may_initialize(found) for found in callable_as):
+            raise self.refuse(str(callable_as[0]), "the pickle calls it with arguments, not as its pickles build it")
+        args = arguments[0]
+        if {str(found) for found in callable_as} & _NUMPY_RECONSTRUCT:
+            problem = empty_shape_problem(args[1] if len(args) > 1 else None)
+            if problem is not None:
+                raise self.refuse(f"{callable_as[0]} {problem}", "numpy's pickles never ask it")
 
-    def _globals_in(self, value: Any) -> Iterator[list[PickleGlobal]]:
-        """The names of each resolved global in a call's arguments, inside containers too (without recursion)."""
-        pending = [value]
-        seen = 0
+    def _globals_in(self, arguments: tuple[Any, ...]) -> Iterator[list[PickleGlobal]]:
+        """
+        The names of each resolved global in a call's arguments, inside containers too (without recursion): each
+        object once per call, every value searched charged to the budget (no more than the scan charged).
+        """
+        self.budget.charge_values(1, self.entry)
+        pending: list[Any] = [arguments]
+        searched: set[int] = set()
         while pending:
             item = pending.pop()
-            seen += 1
-            if seen > _MAX_ARGUMENT_VALUES:
-                raise self.refuse("a call's arguments", f"more than {_MAX_ARGUMENT_VALUES} values, not checked")
             names = self._names(item)
             if names:
                 yield names
-            elif isinstance(item, tuple | list | set | frozenset | deque):
-                pending.extend(item)
+                continue
+            if isinstance(item, tuple | list | set | frozenset | deque):
+                children: list[Any] = list(item)
             elif isinstance(item, dict):
-                pending.extend(item.keys())
-                pending.extend(item.values())
+                children = [*item.keys(), *item.values()]
+            else:
+                continue
+            if id(item) in searched:
+                continue
+            searched.add(id(item))
+            self.budget.charge_values(len(children), self.entry)
+            pending.extend(children)
 
     def _refuse_change(self, target: Any) -> None:
         names = self._names(target)
@@ -142,7 +168,7 @@ class RestrictedUnpickler(pickle._Unpickler):
         function = self.stack[-1]
         if not isinstance(args, tuple):
             raise pickle.UnpicklingError("REDUCE's arguments are not a tuple")
-        self._check_call(function, args)
+        self._check_call(function, args, initializes=True)
         self.stack[-1] = function(*args)
 
     def load_newobj(self) -> None:
@@ -164,7 +190,7 @@ class RestrictedUnpickler(pickle._Unpickler):
 
     def _instantiate(self, klass: Any, args: list[Any]) -> None:
         # OBJ and INST, as pickle._Unpickler's
-        self._check_call(klass, tuple(args))
+        self._check_call(klass, tuple(args), initializes=True)
         plain = not args and isinstance(klass, type) and not hasattr(klass, "__getinitargs__")
         self.append(klass.__new__(klass) if plain else klass(*args))
 
@@ -172,6 +198,8 @@ class RestrictedUnpickler(pickle._Unpickler):
         state = self.stack.pop()
         inst = self.stack[-1]
         self._refuse_change(inst)
+        if isinstance(inst, np.ndarray):
+            _check_array_state(state)
         # On the class: an attribute of the object is the file's (an earlier BUILD can set one)
         setstate = getattr(type(inst), "__setstate__", None)
         if setstate is not None:
@@ -246,14 +274,31 @@ class RestrictedUnpickler(pickle._Unpickler):
     dispatch.update(_replaced)
 
 
-def restricted_loads(data: bytes, entry: str, rules: Allowlist) -> Any:
+def _check_array_state(state: Any) -> None:
+    """
+    Refuse an array's state (``ndarray.__setstate__``: version, shape, dtype, Fortran order, values) whose values are
+    not as many as its shape: numpy checks the bytes of plain arrays, not the list of an object array.
+    """
+    if not (isinstance(state, tuple) and len(state) == 5 and isinstance(state[2], np.dtype)):
+        raise pickle.UnpicklingError("an array's state is not (version, shape, dtype, order, values)")
+    shape, dtype, values = state[1], state[2], state[4]
+    if not (isinstance(shape, tuple) and all(isinstance(size, int) and size >= 0 for size in shape)):
+        raise pickle.UnpicklingError("an array's shape is not a tuple of sizes")
+    if dtype.hasobject and not (isinstance(values, list) and len(values) == math.prod(shape)):
+        count = len(values) if isinstance(values, list) else f"a {type(values).__name__} of"
+        raise pickle.UnpicklingError(f"an array of objects of shape {shape} whose state holds {count} values")
+
+
+def restricted_loads(data: bytes, entry: str, rules: Allowlist, budget: ReadingBudget) -> Any:
     """
     Unpickle ``data`` with :class:`RestrictedUnpickler`.
 
     :param data: the pickle
     :param entry: where it is, for the findings
     :param rules: the allowlist
+    :param budget: charged with the calls and the values searched in their arguments
     :return: the object
-    :raises RefusedGlobal: for what the allowlist does not allow; other errors for a pickle that is not valid
+    :raises RefusedGlobal: for what the allowlist does not allow; BudgetExceeded beyond the budget; other errors
+        for a pickle that is not valid
     """
-    return RestrictedUnpickler(data, entry, rules).load()
+    return RestrictedUnpickler(data, entry, rules, budget).load()

@@ -5,7 +5,7 @@ of the file runs code.
 :func:`load` builds the model exactly as ``algorithm_class.load`` does; inside it (:func:`secure_reading`), SB3's
 readers (:mod:`~sb3_safe.loading.readers`) read every pickle first with ``sb3-safe doctor``'s allowlist, one source
 of truth for what an SB3 / sb3-contrib / sb3-safe / rl_zoo3 file may name and call, then unpickle it with an
-unpickler that enforces that allowlist (:mod:`~sb3_safe.loading.unpickler`), and the tensors with
+unpickler that enforces that allowlist (:mod:`~sb3_safe.doctor.unpickler`), and the tensors with
 ``th.load(weights_only=True)``. A file that names anything else is refused before anything is built, with
 :class:`RefusedFileError`.
 

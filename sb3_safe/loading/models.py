@@ -12,6 +12,7 @@ from stable_baselines3.common.type_aliases import GymEnv
 from stable_baselines3.common.vec_env import VecEnv, VecNormalize
 
 from sb3_safe.doctor.allowlist import TRUSTED_PACKAGES
+from sb3_safe.doctor.budget import SizeLimits
 from sb3_safe.loading.readers import secure_reading
 
 SelfAlgorithm = TypeVar("SelfAlgorithm", bound=BaseAlgorithm)
@@ -37,6 +38,7 @@ def load(
     device: th.device | str = "auto",
     custom_objects: dict[str, Any] | None = None,
     trust: Sequence[str] = (),
+    limits: SizeLimits | None = None,
     **kwargs: Any,
 ) -> SelfAlgorithm:
     """
@@ -64,18 +66,23 @@ def load(
     :param custom_objects: items of the file's ``data`` to replace, never unpickled (e.g. a stored lambda schedule)
     :param trust: modules (or packages) of your own whose classes the file may name, e.g. a features extractor
         (as ``sb3-safe doctor --trust``)
+    :param limits: what reading the file may cost (default :class:`~sb3_safe.doctor.budget.SizeLimits`, as
+        ``sb3-safe doctor``'s: 1 GiB held, 2M argument values searched, 100k calls, 2M opcodes)
     :param kwargs: the rest of ``algorithm_class.load``'s arguments (``print_system_info``, ``force_reset``) and extra
         arguments to change the model when loading
     :return: new model instance with loaded parameters
     :raises RefusedFileError: for a file whose pickles name or call more than the allowlist, a function stored in
-        the file, or a file that is not a readable model; one line naming each global and the entry that holds it
+        the file, a file beyond ``limits``, or a file that is not a readable model; one line naming each global and
+        the entry that holds it (or the limit)
     """
     _check_reads_through_sb3(algorithm_class, "load")
-    with secure_reading(trust):
+    with secure_reading(trust, limits):
         return algorithm_class.load(path, env=env, device=device, custom_objects=custom_objects, **kwargs)
 
 
-def load_vec_normalize(path: str | pathlib.Path, venv: VecEnv, trust: Sequence[str] = ()) -> VecNormalize:
+def load_vec_normalize(
+    path: str | pathlib.Path, venv: VecEnv, trust: Sequence[str] = (), limits: SizeLimits | None = None
+) -> VecNormalize:
     """
     ``VecNormalize.load(path, venv)`` for statistics you do not trust: the pickle is read as by :func:`load`, and must
     hold VecNormalize statistics.
@@ -83,11 +90,12 @@ def load_vec_normalize(path: str | pathlib.Path, venv: VecEnv, trust: Sequence[s
     :param path: the pickle ``VecNormalize.save`` wrote (``vecnormalize.pkl``)
     :param venv: the environment to wrap
     :param trust: modules (or packages) of your own whose classes the pickle may name
+    :param limits: what reading the file may cost (default :class:`~sb3_safe.doctor.budget.SizeLimits`)
     :return: the VecNormalize wrapper of ``venv``, with the saved statistics
     :raises RefusedFileError: for a pickle that names or calls more than the allowlist, holds something else, or is
         not a valid pickle
     """
-    with secure_reading(trust):
+    with secure_reading(trust, limits):
         return VecNormalize.load(str(path), venv)
 
 
@@ -96,6 +104,7 @@ def load_replay_buffer(
     path: str | pathlib.Path | io.BufferedIOBase,
     truncate_last_traj: bool = True,
     trust: Sequence[str] = (),
+    limits: SizeLimits | None = None,
 ) -> None:
     """
     ``model.load_replay_buffer(path, truncate_last_traj)`` for a replay buffer you do not trust: the pickle is read as by
@@ -107,8 +116,11 @@ def load_replay_buffer(
         that the last trajectory in the replay buffer was finished (and truncate it); if ``False``, we assume that
         we continue the same trajectory (same episode)
     :param trust: modules (or packages) of your own whose classes the pickle may name
-    :raises RefusedFileError: for a pickle that names or calls more than the allowlist, or is not a valid pickle
+    :param limits: what reading the file may cost (default :class:`~sb3_safe.doctor.budget.SizeLimits`; a replay
+        buffer is one entry: more than 512 MiB needs a larger ``entry`` and ``total``)
+    :raises RefusedFileError: for a pickle that names or calls more than the allowlist, passes ``limits``, or is not
+        a valid pickle
     """
     _check_reads_through_sb3(type(model), "load_replay_buffer")
-    with secure_reading(trust):
+    with secure_reading(trust, limits):
         model.load_replay_buffer(path, truncate_last_traj)

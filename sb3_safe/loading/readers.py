@@ -7,14 +7,15 @@ SB3 reads a model zip in ``load_from_zip_file`` (``cloudpickle.loads`` of each `
 statistics in ``VecNormalize.load`` (both ``pickle.load``). Inside :func:`secure_reading`, those three read through
 the functions here instead, which:
 
-1. read the file once, into memory (what is checked is what is loaded), a zip within doctor's size limits;
-2. read every pickle the original would unpickle with doctor's scan (:mod:`sb3_safe.doctor.pickles`), nothing run,
-   and refuse the file (:class:`RefusedFileError`, naming every global and its entry) if any names or calls more than
-   the allowlist allows, or is not a valid pickle;
-3. unpickle ``data``'s items and the pickle files with :class:`~sb3_safe.loading.unpickler.RestrictedUnpickler`,
-   which enforces the same allowlist on the objects, and the ``.pth`` entries with ``th.load(weights_only=True)``
-   as SB3 does (torch's own restricted unpickler);
-4. return what the original returns, so that SB3's ``load`` builds the model as it always does.
+1. read the file once, into memory (what is checked is what is loaded);
+2. read it as ``sb3-safe doctor`` reads it (:mod:`sb3_safe.doctor.reading`, one verdict for both), within one
+   budget for the whole file (:class:`~sb3_safe.doctor.budget.SizeLimits`): every pickle the original would
+   unpickle scanned, nothing run, and the file refused (:class:`RefusedFileError`, naming every global and its entry)
+   if any names or calls more than the allowlist allows, is not a valid pickle, or passes the budget; then ``data``'s
+   items and the pickle files unpickled with :class:`~sb3_safe.doctor.unpickler.RestrictedUnpickler`, which enforces
+   the same allowlist on the objects, and the ``.pth`` entries loaded with ``th.load(weights_only=True)`` as SB3
+   does (torch's own restricted unpickler);
+3. return what the original returns, so that SB3's ``load`` builds the model as it always does.
 
 Outside the context (another thread, another task), SB3's readers are SB3's: the routing to these functions is
 installed on first use and reads the context of the caller only.
@@ -38,11 +39,11 @@ from stable_baselines3.common.utils import get_device
 from stable_baselines3.common.vec_env import VecEnv, VecNormalize
 
 from sb3_safe.doctor.allowlist import Allowlist
-from sb3_safe.doctor.archive import SizeLimits, UnreadableModelError, open_archive, read_entry
-from sb3_safe.doctor.diagnose import parse_data
-from sb3_safe.doctor.pickles import PickleReport, data_item_entry, data_pickles, scan_data, scan_pickle_file, scan_torch_entry
+from sb3_safe.doctor.archive import open_archive, read_entry
+from sb3_safe.doctor.budget import ReadingBudget, SizeLimits, UnreadableModelError
+from sb3_safe.doctor.pickles import PickleReport, data_item_entry
+from sb3_safe.doctor.reading import RefusedPickle, read_model, read_pickle
 from sb3_safe.doctor.scan import Finding, printable
-from sb3_safe.loading.unpickler import RefusedGlobal, restricted_loads
 
 #: The entries SB3's load reads as pytorch variables ("tensors.pth": SB3 before 0.9)
 _VARIABLE_ENTRIES = ("pytorch_variables.pth", "tensors.pth")
@@ -143,17 +144,18 @@ def _refuse_if_unsafe(name: str, report: PickleReport) -> None:
         raise RefusedFileError(name, report.findings, stored, problem)
 
 
-def _unpickle(name: str, pickle: bytes, entry: str, rules: Allowlist) -> Any:
-    """The object, or :class:`RefusedFileError` (never reached for a file the scan passed, but enforced all the same)."""
+@contextlib.contextmanager
+def _refusing(name: str) -> Iterator[None]:
+    """What doctor's reading refuses, as :class:`RefusedFileError` (no frame of the reading chained to it)."""
+    refusal: RefusedFileError | None = None
     try:
-        return restricted_loads(pickle, entry, rules)
-    except RefusedGlobal as refused:
+        yield
+    except RefusedPickle as refused:
         refusal = RefusedFileError(name, [refused.finding])
-    except Exception as error:  # a pickle the scan read to its end, yet the unpickler stops in: one line all the same
-        message = (str(error).strip().splitlines() or [""])[0]
-        refusal = RefusedFileError(name, problem=f"{entry}: cannot be unpickled ({type(error).__name__}: {message})")
-    # Raised here, outside the handlers: no frame of the unpickler is chained to it
-    raise refusal
+    except UnreadableModelError as error:
+        refusal = RefusedFileError(name, problem=str(error).removeprefix(f"{name}: "))
+    if refusal is not None:
+        raise refusal from None
 
 
 def read_model_zip(
@@ -181,57 +183,23 @@ def read_model_zip(
     """
     name, raw = _read_file(load_path, verbose, "zip", from_start=True)
     device = get_device(device)
-    try:
-        with open_archive(io.BytesIO(raw), name, reading.limits) as archive:
-            names = archive.namelist()
-            if print_system_info:
-                if "system_info.txt" in names:
-                    print("== SAVED MODEL SYSTEM INFO ==")
-                    print(read_entry(archive, "system_info.txt", name).decode())
-                else:
-                    warnings.warn(
-                        "The model was saved with SB3 <= 1.2.0 and thus cannot print system information.", UserWarning
-                    )
-            data_raw = read_entry(archive, "data", name) if "data" in names and load_data else None
-            torch_entries = {entry: read_entry(archive, entry, name) for entry in names if entry.endswith(".pth")}
-        del raw
-        json_data = None if data_raw is None else parse_data(data_raw)
-    except UnreadableModelError as error:
-        raise RefusedFileError(name, problem=str(error).removeprefix(f"{name}: ")) from None
-    if json_data is not None and custom_objects is not None and not isinstance(custom_objects, dict):
+    if print_system_info:
+        _print_system_info(name, raw, reading.limits)
+    if load_data and custom_objects is not None and not isinstance(custom_objects, dict):
         raise ValueError("custom_objects argument must be a dict or None")
     replaced = custom_objects or {}
-
-    report = PickleReport()
-    try:
-        # The items custom_objects replaces are never unpickled, so not read either (as SB3's json_to_data)
-        kept = {} if json_data is None else {key: item for key, item in json_data.items() if key not in replaced}
-        pickles = data_pickles(kept)
-        scan_data(pickles, reading.rules, reading.limits, report)
-        for entry, torch_raw in torch_entries.items():
-            scan_torch_entry(torch_raw, entry, reading.rules, reading.limits, report)
-    except UnreadableModelError as error:
-        raise RefusedFileError(name, problem=str(error)) from None
-    _refuse_if_unsafe(name, report)
-
+    with _refusing(name):
+        contents = read_model(
+            io.BytesIO(raw), name, reading.rules, ReadingBudget(reading.limits), load_data, replaced.keys(), device
+        )
+    del raw
+    _refuse_if_unsafe(name, contents.report)
     data = None
-    if json_data is not None:
-        data = {}
-        for key, item in json_data.items():
-            if key in replaced:
-                data[key] = replaced[key]
-            elif key in pickles:
-                data[key] = _unpickle(name, pickles[key], data_item_entry(key), reading.rules)
-            else:
-                data[key] = item
+    if contents.data is not None:
+        data = {key: replaced.get(key, contents.objects.get(key, item)) for key, item in contents.data.items()}
     params: dict[str, Any] = {}
     pytorch_variables = None
-    for entry, torch_raw in torch_entries.items():
-        try:
-            loaded = th.load(io.BytesIO(torch_raw), map_location=device, weights_only=True)
-        except Exception as error:  # torch raises many types for a damaged file
-            message = f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0]}"
-            raise RefusedFileError(name, problem=f"{entry}: cannot load its tensors ({message})") from None
+    for entry, loaded in contents.tensors.items():
         if entry in _VARIABLE_ENTRIES:
             pytorch_variables = loaded
         else:
@@ -239,11 +207,21 @@ def read_model_zip(
     return data, params, pytorch_variables
 
 
+def _print_system_info(name: str, raw: bytes, limits: SizeLimits) -> None:
+    """Print the ``system_info.txt`` the model was saved with, as SB3's ``load_from_zip_file`` does."""
+    with _refusing(name), open_archive(io.BytesIO(raw), name, ReadingBudget(limits)) as archive:
+        if "system_info.txt" in archive.namelist():
+            print("== SAVED MODEL SYSTEM INFO ==")
+            print(read_entry(archive, "system_info.txt", name).decode())
+        else:
+            warnings.warn("The model was saved with SB3 <= 1.2.0 and thus cannot print system information.", UserWarning)
+
+
 def _read_pickle(reading: SecureReading, name: str, raw: bytes, entry: str) -> Any:
-    report = PickleReport()
-    scan_pickle_file(raw, entry, reading.rules, reading.limits, report)
+    with _refusing(name):
+        report, loaded = read_pickle(raw, entry, reading.rules, ReadingBudget(reading.limits))
     _refuse_if_unsafe(name, report)
-    return _unpickle(name, raw, entry, reading.rules)
+    return loaded
 
 
 def read_pickle_file(reading: SecureReading, path: str | pathlib.Path | io.BufferedIOBase, verbose: int = 0) -> Any:
@@ -300,19 +278,21 @@ def _route(owner: Any, name: str, secure: Callable[..., Any], wrap: Callable[[An
 
 
 @contextlib.contextmanager
-def secure_reading(trust: Sequence[str] = ()) -> Iterator[None]:
+def secure_reading(trust: Sequence[str] = (), limits: SizeLimits | None = None) -> Iterator[None]:
     """
     Inside this block, SB3's ``load`` (its ``load_from_zip_file``), ``load_replay_buffer`` (its ``load_from_pkl``) and
     ``VecNormalize.load`` read files with the functions of this module: they refuse a file whose pickles name or call
-    more than the allowlist, with :class:`RefusedFileError`, before building anything from it.
+    more than the allowlist, or that costs more than its budget, with :class:`RefusedFileError`, before building
+    anything from it.
 
     :param trust: modules (or packages) of your own whose classes the files may name, as ``sb3-safe doctor --trust``
+    :param limits: the budget of each file (default :class:`~sb3_safe.doctor.budget.SizeLimits`: doctor's)
     """
     # SB3's modules look these names up when they run: routed here, the rest of SB3 is unchanged
     _route(base_class, "load_from_zip_file", read_model_zip)
     _route(off_policy_algorithm, "load_from_pkl", read_pickle_file)
     _route(VecNormalize, "load", read_vec_normalize, staticmethod)
-    token = _READING.set(SecureReading(Allowlist(tuple(trust)), SizeLimits()))
+    token = _READING.set(SecureReading(Allowlist(tuple(trust)), limits or SizeLimits()))
     try:
         yield
     finally:
