@@ -6,6 +6,7 @@ refused with one line on stderr and exit status 2, before anything of the run is
 with and without VecNormalize, play as before; ``--trust-folder`` restores rl_zoo3's behaviour.
 """
 
+import json
 import os
 import shutil
 import subprocess
@@ -305,22 +306,21 @@ _TAGS = st.sampled_from(
     ]
 )
 _TARGETS = st.sampled_from(["os.system", "subprocess.Popen", "builtins.eval", "builtins.exec", "posix.system", "pty.spawn"])
-_CODE = st.sampled_from(
-    [
-        "__import__('os').system('{cmd}')",
-        "exec('{cmd}')",
-        "eval('1')",
-        "open('{cmd}', 'w')",
-        "dict(norm_obs=__import__('os'))",
-        "dict(norm_obs=(lambda: 1)())",
-        "dict(norm_obs=[x for x in range(3)])",
-        "dict(norm_obs=().__class__.__bases__)",
-        "{{'norm_obs': globals()}}",
-        "dict(norm_obs=True) if __import__('os') else {{}}",
-        "dict(norm_obs=True, **{{}})",
-        "getattr(dict, 'fromkeys')(['norm_obs'])",
-    ]
-)
+_CODE_TEMPLATES = [
+    "__import__('os').system('{cmd}')",
+    "exec('{cmd}')",
+    "eval('1')",
+    "open('{cmd}', 'w')",
+    "dict(norm_obs=__import__('os'))",
+    "dict(norm_obs=(lambda: 1)())",
+    "dict(norm_obs=[x for x in range(3)])",
+    "dict(norm_obs=().__class__.__bases__)",
+    "{{'norm_obs': globals()}}",
+    "dict(norm_obs=True) if __import__('os') else {{}}",
+    "dict(norm_obs=True, **{{}})",
+    "getattr(dict, 'fromkeys')(['norm_obs'])",
+]
+_CODE = st.sampled_from(_CODE_TEMPLATES)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -356,3 +356,63 @@ def test_generated_alias_bombs_are_refused_or_small(levels: int, width: int) -> 
             read()
     elif expanded < MAX_YAML_NODES // 2:
         assert isinstance(read(), dict)
+
+
+# Generated hostile documents with real payloads, through the CLI
+
+PAYLOADS = [
+    f"!!python/object/apply:os.system ['{TOUCH}']",
+    f"!!python/object/apply:subprocess.call [['sh', '-c', '{TOUCH}']]",
+    f"!!python/object/new:tuple [[!!python/object/apply:os.system ['{TOUCH}']]]",
+    f"!!python/object/apply:builtins.exec ['import os; os.system(\"{TOUCH}\")']",
+    f'!!python/object/apply:builtins.eval [\'__import__("os").system("{TOUCH}")\']',
+]
+
+
+@pytest.mark.parametrize("payload", PAYLOADS)
+def test_the_payloads_run_under_yaml_unsafe_loader(payload: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # What the generated documents below would do in rl_zoo3: the marker proves a payload ran
+    monkeypatch.chdir(tmp_path)
+    yaml.load(f"payload: {payload}\n", Loader=yaml.UnsafeLoader)
+    assert (tmp_path / MARKER).exists()
+
+
+def _placed(payload: str, place: str) -> str:
+    # The payload as a field of rl-zoo's OrderedDict, nested in a value, or as a mapping key
+    if place == "field":
+        return f"  - - payload\n    - {payload}\n"
+    if place == "nested":
+        return f"  - - env_kwargs\n    - {{a: [1, {{b: {payload}}}]}}\n"
+    return f"  - - env_kwargs\n    - {{? {payload} : 1}}\n"
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    payload=st.sampled_from(PAYLOADS),
+    place=st.sampled_from(["field", "nested", "key"]),
+    file=st.sampled_from(["config.yml", "args.yml"]),
+    normalize=st.sampled_from([None, *[code.format(cmd=TOUCH) for code in _CODE_TEMPLATES]]),
+)
+def test_generated_hostile_run_folders_are_refused_by_enjoy(
+    payload: str,
+    place: str,
+    file: str,
+    normalize: str | None,
+    runs: dict[str, Path],
+    tmp_path_factory: pytest.TempPathFactory,
+    capsys: pytest.CaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    tmp_path = tmp_path_factory.mktemp("hostile")
+    monkeypatch.chdir(tmp_path)
+    logs, params = copy_run(runs["kl_ppo"], tmp_path)
+    if normalize is None:
+        with open(params / file, "a") as handle:
+            handle.write(_placed(payload, place))
+    else:
+        # A JSON string is a YAML double-quoted scalar
+        append_field(params, "config.yml", "normalize", json.dumps(normalize))
+    capsys.readouterr()
+    named = f"{params / file}: refused: the tag !!python/" if normalize is None else "config.yml: normalize: refused: "
+    assert_refused(capsys, main(enjoy_args(runs["kl_ppo"], logs)), named)
+    assert not (tmp_path / MARKER).exists()
