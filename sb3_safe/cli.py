@@ -159,8 +159,8 @@ def _add_zoo_command(
         action="append",
         default=[],
         metavar="MODULE",
-        help="a module (or package) of your own whose classes the loaded model may name, e.g. a features extractor "
-        "(repeatable; as doctor's)",
+        help="a module (or package) of your own whose classes the loaded model (and enjoy's run folder, as wrappers) "
+        "may name, e.g. a features extractor (repeatable; as doctor's)",
     )
     parser.set_defaults(handler=_zoo, passthrough=True, format_help=parser.format_help)
     return parser

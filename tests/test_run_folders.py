@@ -416,3 +416,22 @@ def test_generated_hostile_run_folders_are_refused_by_enjoy(
     named = f"{params / file}: refused: the tag !!python/" if normalize is None else "config.yml: normalize: refused: "
     assert_refused(capsys, main(enjoy_args(runs["kl_ppo"], logs)), named)
     assert not (tmp_path / MARKER).exists()
+
+
+def test_wrappers_of_your_own_need_trust(
+    tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A configuration naming a wrapper of the user's own module: train builds it and reports; enjoy asks for --trust
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "my_wrappers.py").write_text("import gymnasium as gym\n\n\nclass Same(gym.Wrapper):\n    pass\n")
+    (tmp_path / "conf.yml").write_text(
+        "CartPole-v1:\n  n_timesteps: 64\n  policy: MlpPolicy\n  n_steps: 32\n  batch_size: 32\n  env_wrapper: my_wrappers.Same\n"
+    )
+    train = ["train", "--algo", "ppo", "--env", "CartPole-v1", "-conf", "conf.yml", "--eval-episodes", "1"]
+    assert main([*train, "--seed", "1", "--num-threads", "1"]) == 0
+    assert "evaluation over 1 episodes" in capsys.readouterr().out
+    run = tmp_path / "logs" / "ppo" / "CartPole-v1_1"
+    args = enjoy_args(run, tmp_path / "logs")
+    assert_refused(capsys, main(args), "env_wrapper: refused: my_wrappers.Same is not a class of gymnasium")
+    assert main([*args, "--trust", "my_wrappers"]) == 0

@@ -18,7 +18,7 @@ from sb3_safe.zoo.config_errors import explained_config_errors
 from sb3_safe.zoo.configuration import configuration_line
 from sb3_safe.zoo.registration import PACKAGED_BY_DEFAULT, config_path
 from sb3_safe.zoo.report import RunReport, report_run
-from sb3_safe.zoo.run_folder import run_folder_reading
+from sb3_safe.zoo.run_folder import read_run_yaml, run_folder_reading, wrapper_modules
 from sb3_safe.zoo.storage import check_trial, open_storage
 
 
@@ -97,7 +97,12 @@ def train(zoo_args: Sequence[str], report: bool = True, trust: Sequence[str] = (
     trained = [run for run in new_runs if (run / f"{env_name}.zip").is_file()]
     if not trained:
         return None
-    return report_run(max(trained, key=lambda run: run.stat().st_mtime), options.algo, options.env, trust)
+    run_folder = max(trained, key=lambda run: run.stat().st_mtime)
+    # The wrappers this training just built from its configuration are trusted by it
+    config_file = run_folder / env_name / "config.yml"
+    config = read_run_yaml(config_file, trust) if config_file.is_file() else None
+    own_wrappers = wrapper_modules(config) if isinstance(config, dict) else ()
+    return report_run(run_folder, options.algo, options.env, (*trust, *own_wrappers))
 
 
 def enjoy(zoo_args: Sequence[str], trust: Sequence[str] = (), trust_folder: bool = False) -> None:

@@ -258,6 +258,15 @@ def _wrapper_names(value: Any) -> Iterator[Any]:
             yield item
 
 
+def wrapper_modules(config: dict[str, Any]) -> tuple[str, ...]:
+    """
+    :param config: a run's hyperparameters, as :func:`read_run_yaml` reads them
+    :return: the modules of the wrapper classes named by their ``env_wrapper`` / ``vec_env_wrapper``
+    """
+    names = [name for field in WRAPPER_FIELDS if config.get(field) is not None for name in _wrapper_names(config[field])]
+    return tuple(name.rpartition(".")[0] for name in names if isinstance(name, str) and "." in name)
+
+
 def _check_wrappers(config: dict[str, Any], path: Path, trusted: Sequence[str]) -> None:
     for field, base in WRAPPER_FIELDS.items():
         value = config.get(field)
