@@ -11,6 +11,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any, TextIO
 
+from stable_baselines3.common.buffers import BaseBuffer
+from stable_baselines3.common.vec_env import VecNormalize
+
 from sb3_safe.common.distributions import DEFAULT_LOG_STD_RANGE
 from sb3_safe.common.policies import SafeActorCriticPolicy, SafeCnnPolicy, SafeMultiInputPolicy
 from sb3_safe.common.recurrent import SafeCnnLstmPolicy, SafeMultiInputLstmPolicy, SafeRecurrentActorCriticPolicy
@@ -96,11 +99,16 @@ def _diagnose_pickle(path: Path, budget: ReadingBudget, rules: Allowlist) -> Doc
     with _in_file(path):
         check_pickle_size(path.stat().st_size, path.name, budget.limits)  # before reading it
         try:
-            pickles, _ = read_pickle(path.read_bytes(), path.name, rules, budget)
+            pickles, loaded = read_pickle(path.read_bytes(), path.name, rules, budget)
         except RefusedPickle as refused:
             return DoctorReport(str(path), unsafe=[refused.finding], tensors_checked=False, pickle_only=True)
         if pickles.problems and not pickles.findings:
             raise UnreadableModelError(pickles.problems[0])
+        if not pickles.findings and not isinstance(loaded, VecNormalize | BaseBuffer):
+            # What SB3's loaders of pickles refuse (VecNormalize.load, load_replay_buffer)
+            raise UnreadableModelError(
+                f"{path.name}: holds a {type(loaded).__name__}, not VecNormalize statistics or a replay buffer"
+            )
     return DoctorReport(str(path), unsafe=pickles.findings, tensors_checked=False, pickle_only=True)
 
 

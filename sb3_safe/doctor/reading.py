@@ -15,10 +15,11 @@ A model zip is read in four steps, each charged to the file's :class:`~sb3_safe.
 4. the tensors, with ``th.load(weights_only=True)``, checked to have the shapes SB3 writes and no overlapping views.
 """
 
+import contextlib
 import io
 import json
 import os
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
 from typing import IO, Any
 
@@ -64,6 +65,17 @@ class ModelContents:
     objects: dict[str, Any] = field(default_factory=dict)
     tensors: dict[str, Any] = field(default_factory=dict)
     torch_entries: dict[str, bytes] = field(default_factory=dict)
+
+
+@contextlib.contextmanager
+def _unprefixed(name: str) -> Iterator[None]:
+    """The archive's messages without its name: :func:`read_model`'s callers name the file."""
+    try:
+        yield
+    except BudgetExceeded as error:
+        raise BudgetExceeded(str(error).removeprefix(f"{name}: ")) from None
+    except UnreadableModelError as error:
+        raise UnreadableModelError(str(error).removeprefix(f"{name}: ")) from None
 
 
 def parse_data(raw: bytes) -> dict[str, Any]:
@@ -136,7 +148,7 @@ def read_model(
     :raises UnreadableModelError: (unprefixed by ``name``) for a file that is not a readable model, BudgetExceeded
         beyond the budget, RefusedPickle for what the unpickler refuses
     """
-    with open_archive(file, name, budget) as archive:
+    with _unprefixed(name), open_archive(file, name, budget) as archive:
         names = archive.namelist()
         for required, what in REQUIRED_ENTRIES:
             if required not in names and (required != "data" or load_data):

@@ -29,11 +29,12 @@ import os
 import pathlib
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch as th
 from stable_baselines3.common import base_class, off_policy_algorithm
+from stable_baselines3.common.buffers import BaseBuffer
 from stable_baselines3.common.save_util import open_path
 from stable_baselines3.common.utils import get_device
 from stable_baselines3.common.vec_env import VecEnv, VecNormalize
@@ -111,11 +112,13 @@ class SecureReading:
     How the readers read inside :func:`secure_reading`.
 
     :param rules: the allowlist, with the user's trusted modules
-    :param limits: how much of a zip may be read
+    :param limits: the budget of each file
+    :param read: the model files read in full so far (what fails after is the building of the model)
     """
 
     rules: Allowlist
     limits: SizeLimits
+    read: list[str] = field(default_factory=list)
 
 
 _READING: contextvars.ContextVar[SecureReading | None] = contextvars.ContextVar("sb3_safe_secure_reading", default=None)
@@ -204,6 +207,7 @@ def read_model_zip(
             pytorch_variables = loaded
         else:
             params[os.path.splitext(entry)[0]] = loaded
+    reading.read.append(name)
     return data, params, pytorch_variables
 
 
@@ -253,7 +257,10 @@ def read_vec_normalize(reading: SecureReading, load_path: str, venv: VecEnv) -> 
     vec_normalize = _read_pickle(reading, str(load_path), raw, entry)
     if not isinstance(vec_normalize, VecNormalize):
         raise RefusedFileError(
-            str(load_path), problem=f"{entry}: holds a {type(vec_normalize).__name__}, not VecNormalize statistics"
+            str(load_path),
+            # As doctor names a pickle that is neither (a replay buffer has its own loader)
+            problem=f"{entry}: holds a {type(vec_normalize).__name__}, not VecNormalize statistics"
+            + ("" if isinstance(vec_normalize, BaseBuffer) else " or a replay buffer"),
         )
     vec_normalize.set_venv(venv)
     return vec_normalize
@@ -278,7 +285,7 @@ def _route(owner: Any, name: str, secure: Callable[..., Any], wrap: Callable[[An
 
 
 @contextlib.contextmanager
-def secure_reading(trust: Sequence[str] = (), limits: SizeLimits | None = None) -> Iterator[None]:
+def secure_reading(trust: Sequence[str] = (), limits: SizeLimits | None = None) -> Iterator[SecureReading]:
     """
     Inside this block, SB3's ``load`` (its ``load_from_zip_file``), ``load_replay_buffer`` (its ``load_from_pkl``) and
     ``VecNormalize.load`` read files with the functions of this module: they refuse a file whose pickles name or call
@@ -292,8 +299,9 @@ def secure_reading(trust: Sequence[str] = (), limits: SizeLimits | None = None) 
     _route(base_class, "load_from_zip_file", read_model_zip)
     _route(off_policy_algorithm, "load_from_pkl", read_pickle_file)
     _route(VecNormalize, "load", read_vec_normalize, staticmethod)
-    token = _READING.set(SecureReading(Allowlist(tuple(trust)), limits or SizeLimits()))
+    reading = SecureReading(Allowlist(tuple(trust)), limits or SizeLimits())
+    token = _READING.set(reading)
     try:
-        yield
+        yield reading
     finally:
         _READING.reset(token)

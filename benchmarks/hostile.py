@@ -1,0 +1,288 @@
+"""
+Generated hostile files: ``sb3-safe doctor`` and :func:`sb3_safe.load` on files no one wrote by hand, each checked for
+the promises of untrusted input: ``python -m benchmarks run hostile [--size tiny|quick|full]``.
+
+Each file is drawn from a seed by :func:`benchmarks.hostile_files.hostile_file` (its module says the grammar). For
+every file (:func:`check_file`), in one long-lived process:
+
+- **no code ran**: an audit hook records process starts and every event that names the canary; the canary must not
+  exist;
+- **bounded cost**: the peak resident memory (``VmHWM``, reset before each reader) grows by at most
+  :data:`MAX_PEAK_MIB` and each reader takes at most :data:`MAX_SECONDS`;
+- **one verdict**: doctor passes the file (exit 0, or exit 1 for its weights only) if and only if ``sb3_safe.load``
+  loads it; a refused file is refused by both for the same cause (doctor's one-line error, or its first finding,
+  is in load's message), and load raises nothing but :class:`~sb3_safe.RefusedFileError`. A file read in full from
+  which SB3 cannot build the model (tensors that do not fit the policy data describes) is refused by load alone:
+  doctor reads a file, it does not build the model; such files are counted apart (``built_only``).
+
+Rows: one per file (seed, kind, size, doctor's status and cause, load's outcome, seconds and peak of each, the
+violations). ``hostile.md``: the counts of each violation, the outcomes by kind, the slowest and the largest file.
+"""
+
+import collections
+import contextlib
+import io
+import json
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from benchmarks import suite
+from benchmarks.hostile_files import HostileFile, hostile_file
+
+SUITE = "hostile"
+#: Files per size
+FILES = {"tiny": 100, "quick": 1_000, "full": 10_000}
+#: Files per job (one job: consecutive seeds in one process)
+FILES_PER_JOB = 100
+#: Bounds every file must respect, per reader
+MAX_PEAK_MIB = 1536
+MAX_SECONDS = 10.0
+#: How sb3_safe.load names a file it read in full but from which SB3 cannot build the model
+BUILD_REFUSAL = "read, but SB3 cannot build the model it describes"
+#: Audit events that start another program
+_PROCESS_EVENTS = frozenset({"os.system", "subprocess.Popen", "os.posix_spawn", "os.exec", "os.spawn", "os.fork", "pty.spawn"})
+
+Job = tuple[int, int]
+
+
+class _Audit:
+    """The audit events of this process that start a program or name the canary, while watching."""
+
+    def __init__(self) -> None:
+        self.canary: str | None = None
+        self.events: list[str] = []
+        sys.addaudithook(self.hook)
+
+    def hook(self, event: str, args: tuple[Any, ...]) -> None:
+        if self.canary is None:
+            return
+        if event in _PROCESS_EVENTS or self.canary in repr(args)[:10_000]:
+            self.events.append(event)
+
+
+def _peak_kib() -> int:
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("VmHWM"))
+
+
+def _resident_kib() -> int:
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("VmRSS"))
+
+
+@contextlib.contextmanager
+def _measured(into: dict[str, Any], name: str) -> Iterator[None]:
+    """Time and peak memory growth (MiB) of the block, into ``into[name + "_seconds" / "_peak_mib"]``."""
+    with open("/proc/self/clear_refs", "w") as clear:
+        clear.write("5")  # resets VmHWM to the current resident size
+    before, start = _resident_kib(), time.perf_counter()
+    try:
+        yield
+    finally:
+        into[f"{name}_seconds"] = time.perf_counter() - start
+        into[f"{name}_peak_mib"] = (_peak_kib() - before) / 1024
+
+
+def check_file(file: HostileFile, audit: _Audit, canary: Path) -> dict[str, Any]:
+    """Doctor and load on one file: their outcomes, costs and the promises they break (``violations``)."""
+    import stable_baselines3
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
+    import sb3_safe
+    from sb3_safe.doctor import diagnose, run_doctor
+
+    row: dict[str, Any] = {"kind": file.kind, "bytes": file.path.stat().st_size}
+    audit.canary, audit.events = str(canary), []
+    err = io.StringIO()
+    with _measured(row, "doctor"):
+        status = run_doctor(str(file.path), out=io.StringIO(), err=err)
+    row["doctor_status"] = status
+    doctor_cause = err.getvalue().strip().removeprefix("sb3-safe doctor: error: ").removeprefix(f"{file.path}: ")
+    unsafe: list[str] = []
+    if status == 1:
+        report = diagnose(file.path)
+        unsafe = [finding.target for finding in report.unsafe]
+        doctor_cause = unsafe[0] if unsafe else "weights"
+    row["doctor_cause"] = doctor_cause[:300]
+    with _measured(row, "load"):
+        try:
+            if file.reader == "model":
+                sb3_safe.load(stable_baselines3.PPO, file.path)
+            else:
+                sb3_safe.load_vec_normalize(file.path, DummyVecEnv([lambda: __import__("gymnasium").make("Pendulum-v1")]))
+            row["load"] = "loaded"
+        except sb3_safe.RefusedFileError as error:
+            row["load"], row["load_cause"] = "refused", str(error)[:2000]
+            if file.reader == "statistics" and "Buffer, not VecNormalize statistics" in str(error):
+                # A replay buffer, which doctor passes too: read by its own loader
+                from stable_baselines3 import DQN
+
+                sb3_safe.load_replay_buffer(DQN("MlpPolicy", "CartPole-v1", buffer_size=10), file.path)
+                row["load"] = "loaded"
+        except BaseException as error:
+            row["load"], row["load_cause"] = f"raised {type(error).__name__}", str(error)[:300]
+    audit.canary = None
+    violations = []
+    if audit.events or canary.exists():
+        violations.append(f"code ran: {audit.events} {canary.exists()}")
+        canary.unlink(missing_ok=True)
+    for reader in ("doctor", "load"):
+        if row[f"{reader}_peak_mib"] > MAX_PEAK_MIB or row[f"{reader}_seconds"] > MAX_SECONDS:
+            violations.append(f"{reader} over budget")
+    doctor_passes = status == 0 or (status == 1 and not unsafe)
+    # A file read in full from which SB3 cannot build the model: load's building, which doctor does not do
+    row["built_only"] = doctor_passes and row.get("load_cause", "").find(BUILD_REFUSAL) >= 0
+    if row["load"].startswith("raised"):
+        violations.append(f"load {row['load']}")
+    elif not row["built_only"] and doctor_passes != (row["load"] == "loaded"):
+        violations.append("verdicts disagree")
+    elif row["load"] == "refused" and doctor_cause not in row["load_cause"]:
+        violations.append("causes disagree")
+    row["violations"] = violations
+    return row
+
+
+_BASES: dict[str, Path] = {}
+
+
+def _bases(folder: Path) -> dict[str, Path]:
+    """A real model zip and VecNormalize statistics, saved once per process."""
+    if not _BASES:
+        import gymnasium as gym
+        from stable_baselines3 import PPO
+        from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
+
+        model = PPO("MlpPolicy", "CartPole-v1", n_steps=16, batch_size=16, n_epochs=1, seed=0)
+        model.save(folder / "model.zip")
+        statistics = VecNormalize(DummyVecEnv([lambda: gym.make("Pendulum-v1")]))
+        statistics.save(str(folder / "vecnormalize.pkl"))
+        _BASES.update(model=folder / "model.zip", statistics=folder / "vecnormalize.pkl")
+    return _BASES
+
+
+_AUDIT: list[_Audit] = []
+
+
+def run_seeds(seeds: range) -> list[dict[str, Any]]:
+    """The rows of the files of ``seeds``, in this process."""
+    import warnings
+
+    warnings.simplefilter("ignore")
+    if not _AUDIT:
+        _AUDIT.append(_Audit())
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="sb3-safe-hostile-") as folder_name:
+        folder = Path(folder_name)
+        bases = _bases(Path(tempfile.mkdtemp(prefix="sb3-safe-hostile-bases-")))
+        canary = folder / "CANARY"
+        for seed in seeds:
+            file = hostile_file(seed, bases, folder, str(canary))
+            rows.append({"seed": seed, **check_file(file, _AUDIT[0], canary)})
+            file.path.unlink()
+    return rows
+
+
+def jobs(size: str) -> list[Job]:
+    """Consecutive seeds, :data:`FILES_PER_JOB` per job."""
+    return [(start, min(start + FILES_PER_JOB, FILES[size])) for start in range(0, FILES[size], FILES_PER_JOB)]
+
+
+def job_key(job: Job) -> tuple[Any, ...]:
+    return job
+
+
+def row_key(row: dict[str, Any]) -> tuple[Any, ...]:
+    start = row["seed"] - row["seed"] % FILES_PER_JOB
+    return (start, start + FILES_PER_JOB)
+
+
+def run_job(job: Job) -> list[dict[str, Any]]:
+    return run_seeds(range(*job))
+
+
+def budget(size: str) -> dict[str, Any]:
+    return {"files": FILES[size], "max_peak_mib": MAX_PEAK_MIB, "max_seconds": MAX_SECONDS}
+
+
+def _counts(rows: list[dict[str, Any]]) -> dict[str, int]:
+    """How many files broke each promise."""
+    seen = collections.Counter(violation.split(":")[0] for row in rows for violation in row["violations"])
+    return {
+        "code runs": seen["code ran"],
+        "budget overruns": seen["doctor over budget"] + seen["load over budget"],
+        "verdict disagreements": seen["verdicts disagree"] + seen["causes disagree"],
+        "other errors from load": sum(count for name, count in seen.items() if name.startswith("load raised")),
+    }
+
+
+def report(out: Path) -> None:
+    """``hostile.md`` from ``hostile.jsonl``: the claim and its figures first, then the method and the tables."""
+    path = out / f"{SUITE}.jsonl"
+    if not path.exists():
+        return
+    meta, rows = suite.read_jsonl(path)
+    rows = [row for row in rows if "seed" in row]
+    counts = _counts(rows)
+    by_kind: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+    for row in rows:
+        by_kind[row["kind"]][f"doctor {row['doctor_status']}, load {row['load']}"] += 1
+
+    def cost(row: dict[str, Any]) -> str:
+        return (
+            f"seed {row['seed']} ({row['kind']}, {row['bytes'] / 1024:.0f} KiB): doctor {row['doctor_seconds']:.2f} s "
+            f"/ {row['doctor_peak_mib']:.0f} MiB, load {row['load_seconds']:.2f} s / {row['load_peak_mib']:.0f} MiB"
+        )
+
+    slowest = max(rows, key=lambda row: max(row["doctor_seconds"], row["load_seconds"]))
+    hungriest = max(rows, key=lambda row: max(row["doctor_peak_mib"], row["load_peak_mib"]))
+    figures = ", ".join(f"{count} {name}" for name, count in counts.items())
+    lines = [
+        "# Generated hostile files",
+        "",
+        f"**{len(rows)} generated files read by `sb3-safe doctor` and `sb3_safe.load`: {figures}.** Bounds per reader: "
+        f"peak memory growth <= {MAX_PEAK_MIB} MiB, <= {MAX_SECONDS:.0f} s.",
+        "",
+        f"- Slowest: {cost(slowest)}.",
+        f"- Most memory: {cost(hungriest)}.",
+        f"- Largest: {cost(max(rows, key=lambda row: row['bytes']))}.",
+        f"- Read in full, refused by load alone because SB3 cannot build the model it describes (doctor does not build "
+        f"models): {sum(row.get('built_only', False) for row in rows)} files.",
+        "",
+        "## Method",
+        "",
+        f"Command `{meta.get('command')}` at commit {meta.get('commit')}; {meta.get('cpu')}, {meta.get('cores')} cores "
+        f"(load average before: {meta.get('load_avg')}); Python {meta.get('python')}, torch {meta.get('torch')}, "
+        f"SB3 {meta.get('sb3')}. Each file is drawn from its seed by `benchmarks/hostile_files.py` (its docstring says "
+        "the grammar) and read by doctor, then by `sb3_safe.load` (`PPO`; `load_vec_normalize` for statistics, "
+        "`load_replay_buffer` for a pickled buffer), in one long-lived process per job of "
+        f"{FILES_PER_JOB} files: peak memory is `VmHWM`, reset before each reader, less the resident size before it.",
+        "",
+        "## Outcomes by kind",
+        "",
+        "| kind | files | doctor's exit status, load's outcome |",
+        "|---|---:|---|",
+        *[
+            f"| {kind} | {sum(outcomes.values())} | {'; '.join(f'{name}: {n}' for name, n in outcomes.most_common())} |"
+            for kind, outcomes in sorted(by_kind.items())
+        ],
+        "",
+        "## Violations",
+        "",
+        *(
+            [f"- seed {row['seed']} ({row['kind']}): {'; '.join(row['violations'])}" for row in rows if row["violations"]][:50]
+            or ["None."]
+        ),
+    ]
+    (out / f"{SUITE}.md").write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    rows = run_seeds(range(int(sys.argv[1]), int(sys.argv[2])))
+    for row in rows:
+        print(json.dumps(row))
+    os._exit(0)
