@@ -96,7 +96,7 @@ def check_file(file: HostileFile, audit: _Audit, canary: Path) -> dict[str, Any]
     import sb3_safe
     from sb3_safe.doctor import diagnose, run_doctor
 
-    row: dict[str, Any] = {"kind": file.kind, "bytes": file.path.stat().st_size}
+    row: dict[str, Any] = {"file_kind": file.kind, "bytes": file.path.stat().st_size}
     audit.canary, audit.events = str(canary), []
     err = io.StringIO()
     with _measured(row, "doctor"):
@@ -230,14 +230,15 @@ def report(out: Path) -> None:
     counts = _counts(rows)
     by_kind: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
     for row in rows:
-        by_kind[row["kind"]][f"doctor {row['doctor_status']}, load {row['load']}"] += 1
+        by_kind[row["file_kind"]][f"doctor {row['doctor_status']}, load {row['load']}"] += 1
 
     def cost(row: dict[str, Any]) -> str:
         return (
-            f"seed {row['seed']} ({row['kind']}, {row['bytes'] / 1024:.0f} KiB): doctor {row['doctor_seconds']:.2f} s "
+            f"seed {row['seed']} ({row['file_kind']}, {row['bytes'] / 1024:.0f} KiB): doctor {row['doctor_seconds']:.2f} s "
             f"/ {row['doctor_peak_mib']:.0f} MiB, load {row['load_seconds']:.2f} s / {row['load_peak_mib']:.0f} MiB"
         )
 
+    broken = [row for row in rows if row["violations"]]
     slowest = max(rows, key=lambda row: max(row["doctor_seconds"], row["load_seconds"]))
     hungriest = max(rows, key=lambda row: max(row["doctor_peak_mib"], row["load_peak_mib"]))
     figures = ", ".join(f"{count} {name}" for name, count in counts.items())
@@ -273,10 +274,7 @@ def report(out: Path) -> None:
         "",
         "## Violations",
         "",
-        *(
-            [f"- seed {row['seed']} ({row['kind']}): {'; '.join(row['violations'])}" for row in rows if row["violations"]][:50]
-            or ["None."]
-        ),
+        *([f"- seed {row['seed']} ({row['file_kind']}): {'; '.join(row['violations'])}" for row in broken][:50] or ["None."]),
     ]
     (out / f"{SUITE}.md").write_text("\n".join(lines) + "\n")
 
