@@ -12,8 +12,11 @@ import sys
 from collections.abc import Sequence
 
 from sb3_safe.doctor import (
+    DEFAULT_MAX_CALLS,
     DEFAULT_MAX_ENTRY_BYTES,
+    DEFAULT_MAX_OPCODES,
     DEFAULT_MAX_TOTAL_BYTES,
+    DEFAULT_MAX_VALUES,
     STOCK_LOG_STD_RANGE,
     WEIGHT_LIMIT,
     SizeLimits,
@@ -30,13 +33,29 @@ _MIB = 2**20
 
 
 def _doctor(args: argparse.Namespace) -> int:
-    limits = SizeLimits(entry=int(args.max_entry_mb * _MIB), total=int(args.max_total_mb * _MIB))
+    limits = SizeLimits(
+        entry=int(args.max_entry_mb * _MIB),
+        total=int(args.max_total_mb * _MIB),
+        values=args.max_values,
+        calls=args.max_calls,
+        opcodes=args.max_opcodes,
+    )
     status = run_doctor(
         args.path, top=args.top, as_json=args.json, limits=limits, trusted_modules=tuple(args.trust), dis=args.dis
     )
     # The status still says what was found when the reader stopped reading (doctor ... | head -1)
     _flush_stdout()
     return status
+
+
+def _positive_count(value: str) -> int:
+    try:
+        count = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}") from None
+    if count <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {value!r}")
+    return count
 
 
 def _positive_megabytes(value: str) -> float:
@@ -56,8 +75,9 @@ def _add_doctor(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]
         description=(
             "Read any SB3 model zip as untrusted input, without loading it and without an environment. "
             "Nothing of the file runs: its pickles are read opcode by opcode, and every global they would import "
-            "or call is compared with what SB3 / sb3-contrib / sb3-safe model files hold; the tensors are loaded "
-            "with torch.load(weights_only=True). Reports code the file would run, non-finite tensors by name, the "
+            "or call is compared with what SB3 / sb3-contrib / sb3-safe model files hold; only then are data's items "
+            "built by the restricted unpickler sb3_safe.load uses, and the tensors loaded with "
+            "torch.load(weights_only=True), all within one budget for the file. Reports code the file would run, non-finite tensors by name, the "
             "log-std range and the largest weights. Unhealthy besides: a log-std outside the "
             "policy's log_std_range (sb3-safe's policies) or outside "
             f"[{STOCK_LOG_STD_RANGE[0]:g}, {STOCK_LOG_STD_RANGE[1]:g}] (other policies), a policy weight with "
@@ -87,8 +107,17 @@ def _add_doctor(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]
         "--max-total-mb",
         type=_positive_megabytes,
         default=DEFAULT_MAX_TOTAL_BYTES / _MIB,
-        help=f"refuse entries larger than this together, in MiB (default: {DEFAULT_MAX_TOTAL_BYTES // _MIB})",
+        help="refuse a file that makes its reader hold more than this, in MiB: every archive's entries, nested ones "
+        f"included, and the pickles of data (default: {DEFAULT_MAX_TOTAL_BYTES // _MIB})",
     )
+    for flag, default, what in (
+        ("--max-values", DEFAULT_MAX_VALUES, "values searched for globals in the arguments of the file's calls"),
+        ("--max-calls", DEFAULT_MAX_CALLS, "calls the file's pickles make to build objects"),
+        ("--max-opcodes", DEFAULT_MAX_OPCODES, "opcodes of all the file's pickles"),
+    ):
+        parser.add_argument(
+            flag, type=_positive_count, default=default, help=f"the file's budget of {what} (default: {default})"
+        )
     parser.add_argument(
         "--trust",
         action="append",

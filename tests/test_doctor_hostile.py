@@ -753,8 +753,7 @@ def test_a_pickle_beyond_the_opcode_limit_is_never_healthy(
     pickled = PROTO_4 + padding + unicode("builtins") + unicode("eval") + STACK_GLOBAL
     pickled += unicode(touch_code(canary)) + TUPLE1 + REDUCE + STOP
     path = rewrite_zip(model_zip, tmp_path / "long.zip", data=lambda data: data | {"lr_schedule": serialized(pickled)})
-    status = run_doctor(str(path), limits=SizeLimits(opcodes=1000))
-    out, err = capsys.readouterr()
+    status, out, err = _doctor(path, capsys, "--max-opcodes", "1000")
     assert status == EXIT_UNREADABLE and out == ""
     assert "the file's pickles have more than its budget of 1000 opcodes" in err
     _assert_never_created(canary)
