@@ -229,3 +229,17 @@ def test_value_normalization_statistics_are_not_weights(tmp_path: Path, capsys: 
     model.save(tmp_path / "broken.zip")
     assert main(["doctor", str(tmp_path / "broken.zip")]) == EXIT_UNHEALTHY
     assert "value_net.return_var" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("policy", ["MlpPolicy", SafeMaskableMlpPolicy], ids=["PPO-CartPole", "MaskablePPO-safe"])
+def test_discrete_policy_report_names_only_what_applies(policy: object, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """A policy without log_std (discrete actions) gets no log-std limits, nor a line saying it has no log_std."""
+    if policy == "MlpPolicy":
+        model = PPO(policy, "CartPole-v1", n_steps=32, policy_kwargs=dict(net_arch=[8]), seed=0)
+    else:
+        model = MaskablePPO(policy, InvalidActionEnvDiscrete(dim=10, n_invalid_actions=3), n_steps=32, seed=0)
+    model.save(tmp_path / "discrete.zip")
+    assert main(["doctor", str(tmp_path / "discrete.zip")]) == EXIT_HEALTHY
+    out = capsys.readouterr().out
+    assert f"Limits: |weight| <= {WEIGHT_LIMIT:.4g}" in out
+    assert "log-std" not in out and "log_std" not in out, out

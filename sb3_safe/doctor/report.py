@@ -193,17 +193,20 @@ class DoctorReport:
             n_beyond = len(self.beyond_limits)
             lines.append(f"UNHEALTHY: {n_beyond} policy tensor{'s' if n_beyond > 1 else ''} beyond the limits:")
             lines += [f"  {bad}" for bad in self.beyond_limits]
-        low, high = self.log_std_limits
-        lines.append(
-            f"Limits: log-std in [{low:.4g}, {high:.4g}] ({self.log_std_limits_source}), |weight| <= {WEIGHT_LIMIT:.4g}"
-        )
-        if self.log_std_range is not None:
-            low, high = self.log_std_range
-            lines.append(f"log-std range: [{low:.4g}, {high:.4g}] (std [{safe_exp(low):.4g}, {safe_exp(high):.4g}])")
-        elif self.has_log_std:
-            lines.append("log-std: no finite value (see the NaN / inf above)")
+        # Only the limits that apply to this policy: a policy without log_std parameters (discrete actions, a
+        # squashed or state-dependent std) has no log-std to limit
+        if self.has_log_std:
+            low, high = self.log_std_limits
+            lines.append(
+                f"Limits: log-std in [{low:.4g}, {high:.4g}] ({self.log_std_limits_source}), |weight| <= {WEIGHT_LIMIT:.4g}"
+            )
+            if self.log_std_range is not None:
+                low, high = self.log_std_range
+                lines.append(f"log-std range: [{low:.4g}, {high:.4g}] (std [{safe_exp(low):.4g}, {safe_exp(high):.4g}])")
+            else:
+                lines.append("log-std: no finite value (see the NaN / inf above)")
         else:
-            lines.append("log-std: the policy has no log_std parameter")
+            lines.append(f"Limits: |weight| <= {WEIGHT_LIMIT:.4g}")
         if self.largest:
             lines.append("Largest |weight|:")
             lines += [f"  {name}: {value:.4g}" for name, value in self.largest]
