@@ -4,8 +4,8 @@ coefficient around rl-zoo's tuned settings), stock SB3 vs sb3-safe in the same r
 
 Usage::
 
-    python -m benchmarks run overhead|learning|stress|robustness|adaptive_lr|critic|faults|mutation|reward_scale|no_stall|all
-        [--quick | --size tiny|quick|full] [--jobs N] [--out DIR] [--modules MODULE ...]
+    python -m benchmarks run overhead|learning|stress|robustness|adaptive_lr|critic|faults|mutation|reward_scale|no_stall|hostile|all
+        [--quick | --size tiny|quick|full] [--jobs N] [--out DIR] [--modules MODULE ...] [--mutants]
     python -m benchmarks report overhead|learning|...|mutation|all [--out DIR]  # from JSONL
 
 Each suite writes ``<out>/<suite>.jsonl`` (a meta row with command, machine, versions and budget, then one row
@@ -29,7 +29,9 @@ from types import ModuleType
 from benchmarks import (
     adaptive_lr,
     critic,
+    fault_mutants,
     faults,
+    hostile,
     learning,
     mutation,
     no_stall,
@@ -52,6 +54,7 @@ SUITES: dict[str, ModuleType] = {
     "mutation": mutation,
     "reward_scale": reward_scale,
     "no_stall": no_stall,
+    "hostile": hostile,
 }
 
 
@@ -69,13 +72,22 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--modules", nargs="+", metavar="MODULE", help="mutation only: the modules to mutate (a path or its end)"
     )
+    parser.add_argument(
+        "--mutants",
+        action="store_true",
+        help="faults only: run the suite against re-introduced defects and module mutants (benchmarks/fault_mutants.py)",
+    )
     args = parser.parse_args(argv)
-    if args.modules and args.suite != "mutation":
-        parser.error("--modules selects the modules of the mutation suite only")
+    if args.mutants and args.suite != "faults":
+        parser.error("--mutants runs the faults suite against mutants: run faults --mutants")
+    if args.modules and args.suite != "mutation" and not args.mutants:
+        parser.error("--modules selects the modules of the mutation suite (or of faults --mutants) only")
     args.out.mkdir(parents=True, exist_ok=True)
     argv_text = " ".join(sys.argv[1:] if argv is None else argv)
     for name in SUITES if args.suite == "all" else (args.suite,):
         module = SUITES[name]
+        if args.mutants:
+            name, module = "faults_mutants", fault_mutants
         if args.action == "run":
             # Each suite's own command line, so every report names the command that produced it
             command = "python -m benchmarks " + argv_text.replace(" all", f" {name}", 1)

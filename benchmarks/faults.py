@@ -9,19 +9,29 @@ order, ``adaptive_lr=`` plus the guard), the guard's mode, the learning-rate sch
 budget that ends past the schedule's end), 1 or 4 envs, VecNormalize or not, a fault and when it happens (NaN or inf
 in a weight after an optimizer step, NaN in a gradient, NaN in an observation, a terminal observation or a reward; a
 learning rate 100 times too high; rewards times 1e30; none) and whether the model is saved, loaded and continued
-between its two ``learn()`` calls. After each scenario, :func:`check` verifies:
+between its two ``learn()`` calls. Some scenarios aim (:data:`AIMS`): a weight or gradient fault inside an update the
+adaptive learning rate redoes, in the update after a redo, in an update judged far from the guard's healthy copy,
+in the last update of a ``learn()``; or the adaptive learning rate at the lower bound of its ``lr_bounds``. After each
+scenario, :func:`check` verifies, from what is recorded outside the callbacks (the rate each optimizer step runs at,
+the states kept at each rollout start, what was restored, saved and is in memory):
 
 (i) every optimizer step runs at a learning rate >= 0 (inside ``lr_bounds`` with the adaptive learning rate), every
-update at a clip range >= 0; (ii) ``"stop"``: the model in memory equals the one saved, which is the guard's last
-healthy state, loads and trains on; (iii) ``"rollback"``: the restored state is a kept update (one the supervisor
-judged, never an undone one) and the learning-rate scale after it is at most the healthy state's times ``lr_decay``;
+update at a clip range >= 0, a redo below the rate of the update it redoes, and under a KL target no update meets the
+scale never rises; (ii) ``"stop"``: the model in memory equals the one saved, which is the guard's last healthy state,
+a kept update, and loads and trains on; (iii) ``"rollback"``: the restored state is a kept update (one the supervisor
+judged, never an undone one), the learning-rate scale after it is at most the healthy state's times ``lr_decay``, and
+no redo follows a guard's restore in its update;
 (iv) no non-finite value reaches an optimizer step or a torch distribution unreported (no exception escapes but the
 guard's own in ``"raise"`` mode; a non-finite parameter or gradient at a step has a guard event at that timestep; the
 model at every rollout start is finite); (v) one event and one message per fault (a warning per event that does not
 raise, none when it raises); (vi) a new ``learn()`` and a loaded model run the configured schedule times the saved
 scale (inside the bounds where an adaptive learning rate set them), and ``learning_rate`` stays the configured one;
 (vii) the update and skip counts describe the kept updates (an update redone counts once) and the redo count is the
-number of redos.
+number of redos; (viii) every rollout collects with the policy in evaluation mode, as SB3 sets it up (also after a
+redo).
+
+Whether these scenarios and invariants find the defects they exist for is measured by re-introducing them:
+``python -m benchmarks run faults --mutants`` (:mod:`benchmarks.fault_mutants`).
 
 Usage: ``python -m benchmarks run faults [--size tiny|quick|full]`` (full: 320 scenarios; resumable), or
 ``python -m benchmarks.faults 17`` to run and print one scenario. The test suite runs a fixed subset
@@ -62,6 +72,15 @@ OFF_POLICY = ("SAC", "DQN")
 WITH_OPTION = ("KLAdaptivePPO", "SafeA2C")
 CALLBACKS = ("guard", "adaptive", "guard+adaptive", "adaptive+guard", "option+guard")
 MODES = ("raise", "stop", "rollback")
+#: What a scenario aims at: ``random`` draws everything; the others place a fault where the supervisor's defects show
+#: (:data:`AIM_WEIGHTS`): inside an update the adaptive lr redoes (``fault_in_redo``), in the update after a redo,
+#: whose rollback or stop restores the healthy copy of the redone one (``after_redo``), in an update the adaptive lr
+#: then judges, far from the healthy copy (``after_rollback``: the guard's full check rarely runs), in the last update
+#: of a ``learn()`` (``last_update``); ``at_floor`` runs the adaptive lr at the lower bound of its ``lr_bounds`` on a
+#: decaying schedule, with a KL target no update meets (no redo can lower the rate, no decision may raise it)
+AIMS = ("random", "fault_in_redo", "after_redo", "after_rollback", "last_update", "at_floor")
+#: Weights over :data:`AIMS`, such that the test suite's fixed seeds draw each aim
+AIM_WEIGHTS = (0.45, 0.12, 0.12, 0.12, 0.1, 0.09)
 SCHEDULES = ("constant", "linear", "past_end")
 #: Faults injected once (the others, lr_x100 and rewards_1e30, act all along)
 ONCE = ("nan_weight", "inf_weight", "nan_grad", "nan_obs", "nan_terminal_obs", "nan_reward")
@@ -70,7 +89,7 @@ FAULTS = (*ONCE, "lr_x100", "rewards_1e30", "none")
 ENVIRONMENT_FAULTS = ("nan_obs", "nan_terminal_obs", "nan_reward")
 LEARNING_RATE = {"PPO": 1e-3, "KLAdaptivePPO": 1e-3, "MaskablePPO": 1e-3, "RecurrentPPO": 1e-3, "A2C": 2e-3,
                  "SafeA2C": 2e-3, "SAC": 1e-3, "DQN": 1e-3}  # fmt: skip
-INVARIANTS = ("i", "ii", "iii", "iv", "v", "vi", "vii")
+INVARIANTS = ("i", "ii", "iii", "iv", "v", "vi", "vii", "viii")
 
 
 @dataclass(frozen=True)
@@ -92,10 +111,16 @@ class Scenario:
     aggressive_lr: bool
     lr_decay: float
     snapshot_every: int | None
+    #: one of :data:`AIMS` (the fault's timing and the adaptive lr's settings follow from it)
+    aim: str = "random"
 
     @classmethod
     def draw(cls, seed: int) -> "Scenario":
         """The scenario of ``seed``."""
+        # The kind from a generator of its own: a random scenario of a seed stays the one it was before kinds existed
+        aim = random.Random(f"kind {seed}").choices(AIMS, AIM_WEIGHTS)[0]
+        if aim != "random":
+            return cls._draw_aimed(seed, aim)
         rng = random.Random(seed)
         algo = rng.choice(ON_POLICY + OFF_POLICY)
         if algo in OFF_POLICY:
@@ -133,6 +158,46 @@ class Scenario:
         else:
             last = {"A2C": 10, "SafeA2C": 10, "SAC": 20, "DQN": 20}.get(algo, 40)
         return dataclasses.replace(scenario, fault_at=rng.randint(2, last))
+
+    @classmethod
+    def _draw_aimed(cls, seed: int, aim: str) -> "Scenario":
+        """A scenario of one of the aimed kinds: the adaptive lr and the guard on an on-policy algorithm."""
+        rng = random.Random(seed)
+        algo = rng.choice(ON_POLICY)
+        with_guard = ["guard+adaptive", "adaptive+guard", *(["option+guard"] if algo in WITH_OPTION else [])]
+        if aim == "at_floor":
+            callbacks, mode, fault, fault_at = rng.choice(["adaptive", *with_guard]), rng.choice(MODES), "none", 0
+        else:
+            callbacks = rng.choice(with_guard)
+            # raise ends the run at the fault: nothing is restored, nothing could be redone after it
+            mode = rng.choice(["stop", "rollback"]) if aim != "last_update" else rng.choice(["stop", "stop", "rollback"])
+            fault = rng.choice(["nan_weight", "inf_weight", "nan_grad"])
+            # the how-manieth optimizer step inside redos (counted over all of them), after a redo, of the last update;
+            # outside redos
+            steps = 1 if algo in ("A2C", "SafeA2C") else 4
+            last = {"fault_in_redo": 2 * steps, "after_rollback": 5 * steps}.get(aim, steps)
+            fault_at = rng.randint(2 * steps + 1 if aim == "after_rollback" else 1, last)
+        discrete = algo == "MaskablePPO" or rng.random() < 0.4
+        return cls(
+            seed=seed,
+            algo=algo,
+            callbacks=callbacks,
+            mode=mode,
+            schedule="linear" if aim == "at_floor" else rng.choice(SCHEDULES),
+            n_envs=rng.choice([1, 4]),
+            discrete=discrete,
+            normalize=not discrete and rng.random() < 0.3,
+            fault=fault,
+            fault_at=fault_at,
+            save_load=rng.random() < 0.5,
+            aggressive_lr=True,
+            lr_decay=rng.choice([0.5, 0.1]),
+            # (a full check every 10**6 steps: the healthy copy is the learn()'s first state, far from later updates)
+            snapshot_every={"after_rollback": 10**6, "fault_in_redo": rng.choice([None, 10**6])}.get(
+                aim, rng.choice([None, None, 16])
+            ),
+            aim=aim,
+        )
 
     @property
     def adaptive(self) -> bool:
@@ -263,6 +328,13 @@ def build(scenario: Scenario, env: Any) -> Any:
 
 def adaptive_lr_settings(scenario: Scenario) -> dict[str, Any]:
     """The adaptive learning rate's arguments: its defaults, or a target that makes it undo and redo often."""
+    if scenario.aim == "at_floor":
+        # The configured rate is the lower bound: no redo can lower it, and every decision is a lowering
+        rate = LEARNING_RATE[scenario.algo]
+        return dict(target_kl=1e-9, undo_above=2.0, lr_bounds=(rate, 10 * rate), window_steps=rollout_size(scenario))
+    if scenario.aim != "random":
+        # The first updates overshoot and are redone at a lower rate, which holds (no window decision raises it)
+        return dict(target_kl=1e-6, undo_above=2.0, window_steps=10**9)
     if scenario.aggressive_lr:
         return dict(target_kl=1e-4, undo_above=2.0, window_steps=32)
     return {}
@@ -305,6 +377,16 @@ class Record:
     redo_calls: int = 0
     fault_fired_at: list[int] = field(default_factory=list)
     warnings: int = 0
+    #: (restored hash, was it kept then) per stop that restored a healthy state
+    stops: list[tuple[str, bool]] = field(default_factory=list)
+    #: redos of an update a guard had restored a state in (a rollback or a stop replaces the update)
+    redone_after_restore: list[str] = field(default_factory=list)
+    #: redo steps at a learning rate not below the update they redo
+    redo_rates: list[str] = field(default_factory=list)
+    #: the learning-rate scale after each judged update
+    scales: list[float] = field(default_factory=list)
+    #: rollouts whose first step ran with the policy in training mode (SB3 collects in evaluation mode)
+    rollouts_in_training_mode: int = 0
 
 
 class Probe:
@@ -319,8 +401,19 @@ class Probe:
         self.adaptive: Any = None
         self.steps = 0
         self.rolled_back = False
-        #: the last rollback's restored state and the highest scale it allows
+        #: the last rollback's restored state and its scale (nothing raises it in the update the rollback replaced)
         self.last_rollback: tuple[str, float] | None = None
+        #: the learning rate of the last optimizer step
+        self.last_rate = 0.0
+        #: inside a redo: the rate of the steps it redoes (its steps must run below it)
+        self.redoing_from: float | None = None
+        #: optimizer steps inside redos, outside them, since the last redo ended (None: no redo yet), in the last
+        #: rollout's update
+        self.redo_steps, self.attempt_steps, self.steps_after_redo, self.last_update_steps = 0, 0, None, 0
+        self.fired = False
+        #: whether a guard restored a state since the last rollout end
+        self.restored_in_update = False
+        self.first_step_of_rollout = False
 
     def attach(self, model: Any, adaptive: Any) -> None:
         """Hook the model's optimizers (again after a load: new optimizers)."""
@@ -336,29 +429,72 @@ class Probe:
 
     def before_step(self, optimizer: th.optim.Optimizer, args: Any, kwargs: Any) -> None:
         model, record = self.model, self.record
-        injecting = self.scenario.fault == "nan_grad" and self.steps + 1 == self.scenario.fault_at
-        if injecting and optimizer is self._first_optimizer():
-            grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
-            if grads:
-                with th.no_grad():
-                    grads[0].view(-1)[0] = math.nan
-                record.fault_fired_at.append(model.num_timesteps)
+        if optimizer is self._first_optimizer():
+            self._count_step()
+            if self.scenario.fault == "nan_grad" and self._fault_due():
+                grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+                if grads:
+                    with th.no_grad():
+                        grads[0].view(-1)[0] = math.nan
+                    self.fired = True
+                    record.fault_fired_at.append(model.num_timesteps)
         tensors = [p for group in optimizer.param_groups for p in group["params"]]
         tensors += [p.grad for p in tensors if p.grad is not None]
         if not all(bool(th.isfinite(t).all()) for t in tensors):
             record.nonfinite_at_step.append(model.num_timesteps)
         bounds = self.adaptive.bounds if self.adaptive is not None and self.adaptive.model is model else None
-        record.steps.append((model.num_timesteps, float(optimizer.param_groups[0]["lr"]), bounds))
+        rate = float(optimizer.param_groups[0]["lr"])
+        record.steps.append((model.num_timesteps, rate, bounds))
+        if optimizer is self._first_optimizer():
+            if self.redoing_from is not None and not rate < self.redoing_from:
+                record.redo_rates.append(f"a redo step at {rate:.3g}, not below the {self.redoing_from:.3g} it redoes")
+            self.last_rate = rate
+
+    def _count_step(self) -> None:
+        """Count the optimizer step about to run where the aimed kinds place their fault."""
+        self.steps += 1
+        if self.redoing_from is not None:
+            self.redo_steps += 1
+        else:
+            self.attempt_steps += 1
+            if self.steps_after_redo is not None:
+                self.steps_after_redo += 1
+        if self.model.num_timesteps >= self.model._total_timesteps:
+            self.last_update_steps += 1
+
+    def _fault_due(self) -> bool:
+        """Whether the optimizer step being taken is the scenario's fault step (see :data:`AIMS`)."""
+        s = self.scenario
+        if self.fired:
+            return False
+        if s.aim == "fault_in_redo":
+            return self.redoing_from is not None and self.redo_steps == s.fault_at
+        if s.aim == "after_redo":
+            return self.steps_after_redo == s.fault_at
+        if s.aim == "after_rollback":
+            return self.redoing_from is None and self.attempt_steps == s.fault_at
+        if s.aim == "last_update":
+            return self.last_update_steps == s.fault_at
+        return self.steps == s.fault_at
+
+    def before_redo(self) -> None:
+        """A redo starts: it must not follow a guard's restore in its update, and must train at a lower rate."""
+        if self.restored_in_update:
+            self.record.redone_after_restore.append(f"an update redone at timestep {self.model.num_timesteps}")
+        self.redoing_from = self.last_rate
+
+    def after_redo(self) -> None:
+        self.redoing_from, self.steps_after_redo = None, 0
 
     def _first_optimizer(self) -> th.optim.Optimizer:
         return self.model.actor.optimizer if self.scenario.algo == "SAC" else self.model.policy.optimizer
 
     def after_step(self, optimizer: th.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        self.steps += 1
-        if self.scenario.fault in ("nan_weight", "inf_weight") and self.steps == self.scenario.fault_at:
+        if self.scenario.fault in ("nan_weight", "inf_weight") and self._fault_due():
             weight = next(iter(p for group in optimizer.param_groups for p in group["params"]))
             with th.no_grad():
                 weight.view(-1)[0] = math.nan if self.scenario.fault == "nan_weight" else math.inf
+            self.fired = True
             self.record.fault_fired_at.append(self.model.num_timesteps)
 
     def callback(self) -> Any:
@@ -371,10 +507,17 @@ class Probe:
                 probe.record.kept.add(state_hash(self.model))
 
             def _on_step(self) -> bool:
+                if probe.first_step_of_rollout:
+                    probe.first_step_of_rollout = False
+                    probe.record.rollouts_in_training_mode += bool(self.model.policy.training)
                 return True
 
             def _on_rollout_start(self) -> None:
                 probe.after_judgement(self.model, self.logger)
+                probe.first_step_of_rollout = True
+
+            def _on_rollout_end(self) -> None:
+                probe.restored_in_update = False
 
             def _on_training_end(self) -> None:
                 probe.after_judgement(self.model, self.logger)
@@ -392,6 +535,7 @@ class Probe:
         guarded_step = getattr(model, "guarded_step", None)
         steps = None if guarded_step is None else guarded_step.n_taken + guarded_step.n_skipped
         record.counters.append((int(getattr(model, "_n_updates", 0)), steps, self.rolled_back))
+        record.scales.append(learning_rate_scale(model))
         if self.last_rollback is not None:
             restored, highest_scale = self.last_rollback
             # One optimizer step per update (A2C): the update the rollback replaced ends at the restored state; and
@@ -399,7 +543,7 @@ class Probe:
             if self.scenario.algo in ("A2C", "SafeA2C") and state_hash(model) != restored:
                 record.after_rollback.append("the rolled-back update ended elsewhere than at the restored state")
             if learning_rate_scale(model) > highest_scale * (1 + 1e-9):
-                record.after_rollback.append(f"scale {learning_rate_scale(model):.3g} > {highest_scale:.3g} after a rollback")
+                record.after_rollback.append(f"scale {learning_rate_scale(model):.3g} > the rollback's {highest_scale:.3g}")
             self.last_rollback = None
         self.rolled_back = False
 
@@ -429,17 +573,26 @@ def instrumented(probe: Probe) -> Iterator[None]:
                 current_learning_rate(model),
             )
         )
-        probe.rolled_back = True
-        probe.last_rollback = (restored, healthy.lr_scale * response.lr_decay)
+        probe.rolled_back = probe.restored_in_update = True
+        probe.last_rollback = (restored, learning_rate_scale(model))
         return message
 
     def recording_stop(response: Response, reason: str) -> str:
         probe.rolled_back = True  # (the counts go back to the healthy state's too)
-        return stop(response, reason)
+        message = stop(response, reason)
+        if response.snapshots.healthy is not None:
+            restored = state_hash(response.model)
+            probe.record.stops.append((restored, restored in probe.record.kept))
+            probe.restored_in_update = True
+        return message
 
     def recording_redo(callback: Any, *args: Any) -> None:
         probe.record.redo_calls += 1
-        redo(callback, *args)
+        probe.before_redo()
+        try:
+            redo(callback, *args)
+        finally:
+            probe.after_redo()
 
     Response._rollback, Response._stop = recording_rollback, recording_stop  # type: ignore[method-assign]
     KLAdaptiveLRCallback._redo = recording_redo  # type: ignore[method-assign]
@@ -672,6 +825,10 @@ def check(outcome: Outcome) -> dict[str, list[str]]:
         elif bounds is not None and not bounds[0] * (1 - 1e-9) <= rate <= bounds[1] * (1 + 1e-9):
             violations["i"].append(f"step at timestep {timestep}: learning rate {rate:.3g} outside {bounds}")
     violations["i"] += [f"clip range {clip:.3g}" for clip in record.clip_ranges if not clip >= 0.0]
+    violations["i"] += record.redo_rates
+    if s.aim == "at_floor":  # a KL target no update meets: decisions only lower the rate, the scale never rises
+        rises = [(a, b) for a, b in zip(record.scales, record.scales[1:], strict=False) if b > a * (1 + 1e-9)]
+        violations["i"] += [f"the scale rose from {a:.3g} to {b:.3g} under a target no update meets" for a, b in rises]
     # (ii) stop
     if outcome.stop_reason is not None:
         if outcome.stop_matches_saved is False:
@@ -680,6 +837,7 @@ def check(outcome: Outcome) -> dict[str, list[str]]:
             violations["ii"].append("the model in memory differs from the guard's healthy state")
         if outcome.saved_trains_on is False:
             violations["ii"].append("the saved model does not train on")
+    violations["ii"] += [f"a stop restored state {restored[:8]}, never kept" for restored, kept in record.stops if not kept]
     # (iii) rollback
     for restored, was_kept, scale_after, healthy_scale, lr_decay, rate, scheduled in record.rollbacks:
         if not was_kept:
@@ -689,6 +847,7 @@ def check(outcome: Outcome) -> dict[str, list[str]]:
         if not math.isclose(rate, scheduled, rel_tol=1e-9):
             violations["iii"].append(f"the optimizer runs at {rate:.3g} after a rollback, the schedule says {scheduled:.3g}")
     violations["iii"] += record.after_rollback
+    violations["iii"] += record.redone_after_restore
     # (iv) nothing non-finite unreported
     if outcome.crashed is not None:
         violations["iv"].append("exception: " + outcome.crashed.strip().splitlines()[-1])
@@ -722,6 +881,9 @@ def check(outcome: Outcome) -> dict[str, list[str]]:
     violations["vii"] += outcome.counter_checks
     if outcome.redone_updates != record.redo_calls:
         violations["vii"].append(f"redone_updates {outcome.redone_updates} for {record.redo_calls} redos")
+    # (viii) each rollout collects with the policy in evaluation mode, as SB3 sets it up, also after a redo
+    if record.rollouts_in_training_mode:
+        violations["viii"].append(f"{record.rollouts_in_training_mode} rollout(s) collected in training mode")
     return violations
 
 
@@ -776,10 +938,15 @@ def report(out: Path) -> None:
         [
             f"{len(rows)} scenarios drawn from seeds 0-{len(rows) - 1} (`benchmarks/faults.py`), one process each"
             f" (summed wall time {wall / 60:.1f} min); the test suite runs seeds {TEST_SEEDS[0]}-{TEST_SEEDS[-1]}.",
-            "Invariants: (i) learning rate >= 0 and inside the bounds, clip range >= 0; (ii) a stop keeps in memory the"
-            " saved, healthy, loadable model; (iii) a rollback restores a kept state, at most the healthy scale x"
-            " lr_decay; (iv) nothing non-finite unreported; (v) one event and one message per fault; (vi) the saved"
-            " schedule is the configured one times the saved scale, in its bounds; (vii) counts of kept updates.",
+            "Invariants: (i) learning rate >= 0 and inside the bounds, clip range >= 0, a redo at a lower rate; (ii) a"
+            " stop keeps in memory the saved, healthy, kept, loadable model; (iii) a rollback restores a kept state, at"
+            " most the healthy scale x lr_decay, and is not redone; (iv) nothing non-finite unreported; (v) one event"
+            " and one message per fault; (vi) the saved schedule is the configured one times the saved scale, in its"
+            " bounds; (vii) counts of kept updates; (viii) rollouts collect in evaluation mode.",
+            "Aims: random (everything drawn), or aimed at the supervisor's defects: a fault inside a redo"
+            " (fault_in_redo), in the update after a redo (after_redo), in an update judged far from the healthy copy"
+            " (after_rollback), in the last update of a learn() (last_update); the adaptive lr at its lower bound"
+            " (at_floor).",
         ],
     )
     lines += ["## Violations per invariant", ""]
@@ -788,10 +955,10 @@ def report(out: Path) -> None:
         [[name, sum(name in row["violations"] for row in rows)] for name in INVARIANTS],
     )
     lines += ["", "## Scenarios per kind", ""]
-    for key in ("algo", "callbacks", "mode", "schedule", "fault", "n_envs", "save_load"):
+    for key in ("aim", "algo", "callbacks", "mode", "schedule", "fault", "n_envs", "save_load"):
         counts: dict[str, int] = {}
         for row in rows:
-            counts[str(row[key])] = counts.get(str(row[key]), 0) + 1
+            counts[str(row.get(key, "random"))] = counts.get(str(row.get(key, "random")), 0) + 1
         lines.append(f"- **{key}**: " + ", ".join(f"{name} {count}" for name, count in sorted(counts.items())))
     outcomes = {
         "raised": sum(row["raised"] for row in rows),
