@@ -22,8 +22,9 @@ DEFAULT_MAX_ENTRY_BYTES = 512 * MIB
 #: model 39 MiB: 3.8 and 26 times below
 DEFAULT_MAX_TOTAL_BYTES = 1024 * MIB
 #: Default limit on the values searched for globals in calls' arguments, over the file (each call's shared objects
-#: once). Real files search a few thousand (a replay buffer's ``deque`` of episode infos: 700)
-DEFAULT_MAX_VALUES = 2_000_000
+#: once). Real files search a few thousand (PPO's CnnPolicy on raw frames: 1,221; a replay buffer's ``deque`` of
+#: episode infos: 700); 500k take about 2 s to search on a loaded 2-core machine
+DEFAULT_MAX_VALUES = 500_000
 #: Default limit on the calls the file's pickles make to build objects. Real files make a few hundred (a model's
 #: ``data``: its spaces' arrays and dtypes; a replay buffer: one per array)
 DEFAULT_MAX_CALLS = 100_000

@@ -67,6 +67,18 @@ class ModelContents:
     torch_entries: dict[str, bytes] = field(default_factory=dict)
 
 
+#: Most characters of an error message quoted in a refusal (errors of numpy and torch can repr a whole argument)
+_MAX_QUOTED = 200
+
+
+def first_line(error: BaseException) -> str:
+    """The error's type and the first line of its message, cut to a readable length."""
+    message = (str(error).strip().splitlines() or [""])[0]
+    if len(message) > _MAX_QUOTED:
+        message = message[:_MAX_QUOTED] + "..."
+    return f"{type(error).__name__}: {message}" if message else type(error).__name__
+
+
 @contextlib.contextmanager
 def _unprefixed(name: str) -> Iterator[None]:
     """The archive's messages without its name: :func:`read_model`'s callers name the file."""
@@ -108,8 +120,7 @@ def unpickle(pickle: bytes, entry: str, rules: Allowlist, budget: ReadingBudget)
     except BudgetExceeded as exceeded:
         refusal = exceeded
     except Exception as error:  # a pickle the scan read to its end, yet the unpickler stops in: one line all the same
-        message = (str(error).strip().splitlines() or [""])[0]
-        refusal = UnreadableModelError(printable(f"{entry}: cannot be unpickled ({type(error).__name__}: {message})"))
+        refusal = UnreadableModelError(printable(f"{entry}: cannot be unpickled ({first_line(error)})"))
     # Raised here, outside the handlers: no frame of the unpickler is chained to it
     raise refusal
 
@@ -118,8 +129,7 @@ def _load_tensors(raw: bytes, entry: str, map_location: th.device | str) -> Any:
     try:
         loaded = th.load(io.BytesIO(raw), map_location=map_location, weights_only=True)
     except Exception as error:  # torch raises many types for a damaged file
-        message = printable((str(error).strip().splitlines() or [""])[0])
-        raise UnreadableModelError(f"{entry}: cannot load its tensors ({type(error).__name__}: {message})") from None
+        raise UnreadableModelError(printable(f"{entry}: cannot load its tensors ({first_line(error)})")) from None
     return check_variables(loaded, entry) if entry in VARIABLE_ENTRIES else check_state_dict(loaded, entry)
 
 

@@ -47,6 +47,8 @@ _NUMPY_RECONSTRUCT = frozenset({"numpy._core.multiarray._reconstruct", "numpy.co
 _LIST_TYPES = (list, deque)
 _DICT_TYPES = (dict, OrderedDict)
 _BUILT_CALL = "an object the pickle builds and then calls"
+#: Values that are neither a global nor a container: skipped first (a search can meet millions)
+_PLAIN_VALUES = frozenset({type(None), bool, int, float, str, bytes})
 
 
 class RefusedGlobal(Exception):
@@ -140,21 +142,19 @@ class RestrictedUnpickler(pickle._Unpickler):
         searched: set[int] = set()
         while pending:
             item = pending.pop()
+            if type(item) in _PLAIN_VALUES:
+                continue
             names = self._names(item)
             if names:
                 yield names
-                continue
-            if isinstance(item, tuple | list | set | frozenset | deque):
-                children: list[Any] = list(item)
-            elif isinstance(item, dict):
-                children = [*item.keys(), *item.values()]
-            else:
-                continue
-            if id(item) in searched:
-                continue
-            searched.add(id(item))
-            self.budget.charge_values(len(children), self.entry)
-            pending.extend(children)
+            elif isinstance(item, tuple | list | set | frozenset | deque | dict) and id(item) not in searched:
+                searched.add(id(item))
+                self.budget.charge_values(len(item) * (2 if isinstance(item, dict) else 1), self.entry)
+                if isinstance(item, dict):
+                    pending.extend(item.keys())
+                    pending.extend(item.values())
+                else:
+                    pending.extend(item)
 
     def _refuse_change(self, target: Any) -> None:
         names = self._names(target)

@@ -67,7 +67,7 @@ def load(
     :param trust: modules (or packages) of your own whose classes the file may name, e.g. a features extractor
         (as ``sb3-safe doctor --trust``)
     :param limits: what reading the file may cost (default :class:`~sb3_safe.doctor.budget.SizeLimits`, as
-        ``sb3-safe doctor``'s: 1 GiB held, 2M argument values searched, 100k calls, 2M opcodes)
+        ``sb3-safe doctor``'s: 1 GiB held, 500k argument values searched, 100k calls, 2M opcodes)
     :param kwargs: the rest of ``algorithm_class.load``'s arguments (``print_system_info``, ``force_reset``) and extra
         arguments to change the model when loading
     :return: new model instance with loaded parameters
