@@ -20,7 +20,7 @@ import torch as th
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.utils import explained_variance
 
-from benchmarks import reports, robustness, suite, training, variants
+from benchmarks import reports, robustness_grid, suite, training, variants
 from sb3_safe.common.rollout_kl import Rollout, mean_kl, old_distribution_params
 from sb3_safe.common.schedules import current_learning_rate
 
@@ -84,9 +84,9 @@ def jobs(size: str) -> list[tuple[str, float, int, str]]:
 def run_job(job: tuple[str, float, int, str]) -> list[dict[str, Any]]:
     """Train one variant at one learning-rate factor with the probe last (it sees the update that was kept)."""
     variant_name, factor, seed, size = job
-    task = robustness.TASKS[ENV_ID]
-    ent_coef = robustness.tuned_settings(task)[1]
-    config = robustness.cell_config(task, factor, ent_coef, size)
+    task = robustness_grid.TASKS[ENV_ID]
+    ent_coef = robustness_grid.tuned_settings(task)[1]
+    config = robustness_grid.cell_config(task, factor, ent_coef, size)
     probe = UpdateProbe()
     row = training.train(
         variants.VARIANTS[variant_name],
@@ -94,7 +94,7 @@ def run_job(job: tuple[str, float, int, str]) -> list[dict[str, Any]]:
         config,
         task.timesteps[size],
         seed,
-        robustness.EVAL_EPISODES[size],
+        robustness_grid.EVAL_EPISODES[size],
         callbacks=[probe],
     )
     return [dict(row, lr_factor=factor, ent_coef=ent_coef, updates=probe.updates)]

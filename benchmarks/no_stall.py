@@ -20,7 +20,7 @@ events and stalls per source and variant, and every run with an event.
 from pathlib import Path
 from typing import Any
 
-from benchmarks import learning, reports, robustness, suite, variants
+from benchmarks import learning, reports, robustness, robustness_grid, suite, variants
 
 SUITE = "no_stall"
 #: What the runs come from: ("learning", learning job) or ("robustness", robustness job)
@@ -31,9 +31,9 @@ TUNED_FACTOR = 1
 
 def jobs(size: str) -> list[Job]:
     """The tuned runs of the learning suite and the robustness map at ``size``, longest first within each."""
-    tuned_ent_coef = {env_id: robustness.tuned_settings(task)[1] for env_id, task in robustness.TASKS.items()}
+    tuned_ent_coef = {env_id: robustness_grid.tuned_settings(task)[1] for env_id, task in robustness_grid.TASKS.items()}
     tuned_map = [job for job in robustness.jobs(size) if job[2] == TUNED_FACTOR and job[3] == tuned_ent_coef[job[0]]]
-    tuned_map.sort(key=lambda job: -robustness.TASKS[job[0]].run_s)
+    tuned_map.sort(key=lambda job: -robustness_grid.TASKS[job[0]].run_s)
     return [("learning", job) for job in learning.jobs(size)] + [("robustness", job) for job in tuned_map]
 
 

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import torch as th
 
-from benchmarks import configs, learning, reports, robustness, robustness_scores, suite, training, variants
+from benchmarks import configs, learning, reports, robustness, robustness_grid, robustness_scores, suite, training, variants
 
 #: Where each way of normalizing writes the learning-suite runs: VecNormalize's ("env"), the safe policy's ("policy")
 OUT = {"env": reports.RESULTS / "observation_norm.jsonl", "policy": reports.RESULTS / "observation_norm_policy.jsonl"}
@@ -151,10 +151,14 @@ def run_robustness(variant: str, way: str, task_id: str = "CartPole-v1", seeds: 
     """
     if task_id not in ROBUSTNESS_TASKS:
         raise ValueError(f"task {task_id!r}: one of {ROBUSTNESS_TASKS}")
-    if variant not in robustness.TASKS[task_id].recommended:
-        raise ValueError(f"{variant!r}: not among {task_id}'s recommended variants {robustness.TASKS[task_id].recommended}")
-    if way == "none" and (seeds is None or set(seeds) & set(robustness.SEEDS["full"])):
-        raise ValueError(f"way 'none' trains as the map does: only seeds the map has not run (not {robustness.SEEDS['full']})")
+    if variant not in robustness_grid.TASKS[task_id].recommended:
+        raise ValueError(
+            f"{variant!r}: not among {task_id}'s recommended variants {robustness_grid.TASKS[task_id].recommended}"
+        )
+    if way == "none" and (seeds is None or set(seeds) & set(robustness_grid.SEEDS["full"])):
+        raise ValueError(
+            f"way 'none' trains as the map does: only seeds the map has not run (not {robustness_grid.SEEDS['full']})"
+        )
     out = ROBUSTNESS_OUT[way]
     th.set_num_threads(1)
     done: set[tuple[str, str, float, float, int]] = set()
@@ -165,7 +169,7 @@ def run_robustness(variant: str, way: str, task_id: str = "CartPole-v1", seeds: 
         suite.write_jsonl(out, [dict(meta, **suite.machine_info())])
     grid = {job[:4] + job[5:] for job in robustness.jobs("full") if job[0] == task_id and job[1] == variant}
     # Seed by seed: a run cut short leaves whole seeds of the grid
-    for seed in seeds if seeds is not None else robustness.SEEDS["full"]:
+    for seed in seeds if seeds is not None else robustness_grid.SEEDS["full"]:
         for cell in sorted(grid):
             job = (*cell[:4], seed, cell[4])
             if robustness.job_key(job) in done:
@@ -181,7 +185,7 @@ def robustness_summary(task_id: str = "CartPole-v1") -> None:
     in place of the variant's rows. Where a way has seeds beyond the map's, ``none`` at the same seeds is the
     baseline (the map's rows plus :data:`ROBUSTNESS_OUT`'s ``none``), printed as ``map+``.
     """
-    task = robustness.TASKS[task_id]
+    task = robustness_grid.TASKS[task_id]
     map_rows = [row for row in suite.read_jsonl(reports.RESULTS / "robustness.jsonl")[1] if row.get("task") == task.env_id]
     none = ROBUSTNESS_OUT["none"]
     extra = [row for row in suite.read_jsonl(none)[1] if row.get("task") == task.env_id] if none.exists() else []
@@ -207,7 +211,7 @@ def robustness_compare(variant: str, task_id: str = "CartPole-v1") -> None:
     policy's ``normalize_observations`` (``policy``'s), at the seeds both have: per learning-rate factor and ent_coef,
     the mean final return, the runs at the task's maximum (CartPole-v1: 500) and the worst run.
     """
-    task = robustness.TASKS[task_id]
+    task = robustness_grid.TASKS[task_id]
     read = {way: suite.read_jsonl(out)[1] if out.exists() else [] for way, out in ROBUSTNESS_OUT.items()}
     map_rows = suite.read_jsonl(reports.RESULTS / "robustness.jsonl")[1]
 

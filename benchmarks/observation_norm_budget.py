@@ -15,7 +15,7 @@ import json
 import statistics
 from pathlib import Path
 
-from benchmarks import reports, robustness, suite, training, variants
+from benchmarks import reports, robustness_grid, suite, training, variants
 
 TASK = "Pendulum-v1"
 VARIANT = "PPO+SafeMlpPolicy+guard+KL-lr"
@@ -39,17 +39,17 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{way}: {len(returns)} runs, {mean}runs {sorted(returns)}")
         return
     suite._init_worker()  # one torch thread, as the map's runs
-    task = robustness.TASKS[TASK]
+    task = robustness_grid.TASKS[TASK]
     done = {(row["way"], row["ent_coef"], row["seed"]) for row in rows}
-    for ent_coef in robustness.ent_coefs(task, "full"):
-        for seed in robustness.SEEDS["full"]:
+    for ent_coef in robustness_grid.ent_coefs(task, "full"):
+        for seed in robustness_grid.SEEDS["full"]:
             for way, setting in WAYS.items():
                 if (way, ent_coef, seed) in done or (args.way and way not in args.way):
                     continue
                 # The map's cell at x1, trained for rl-zoo's budget
-                config = robustness.cell_config(task, 1.0, ent_coef, "full")
+                config = robustness_grid.cell_config(task, 1.0, ent_coef, "full")
                 variant = dataclasses.replace(variants.VARIANTS[VARIANT], normalize_observations=setting)
-                row = training.train(variant, TASK, config, TIMESTEPS, seed, robustness.EVAL_EPISODES["full"])
+                row = training.train(variant, TASK, config, TIMESTEPS, seed, robustness_grid.EVAL_EPISODES["full"])
                 row.update(way=way, ent_coef=ent_coef, timesteps=TIMESTEPS, commit=suite._git_commit())
                 suite.write_jsonl(path, [row], mode="a")
                 print(f"[budget] {way} ent_coef={ent_coef} seed={seed} final_return={row['final_return']:.1f}", flush=True)

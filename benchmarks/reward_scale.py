@@ -131,7 +131,7 @@ def run_job(job: Job) -> list[dict[str, Any]]:
 
 def _score(runs: list[dict[str, Any]], env_id: str) -> tuple[float, float] | None:
     """(random return, tuned return) of a task: 0 and 1 of the normalized score; None without a reference run."""
-    from benchmarks.robustness import random_return
+    from benchmarks.robustness_grid import random_return
 
     family = next(family for family, env in TASKS if env == env_id)
     stock = SETTINGS[family][0][0]

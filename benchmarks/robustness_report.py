@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks import aggregate, configs, reports, suite
-from benchmarks.robustness import (
+from benchmarks.robustness_grid import (
     RANDOM_EPISODES,
     SUITE,
     TASKS,

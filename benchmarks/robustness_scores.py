@@ -1,7 +1,7 @@
 """
-The statistics of the robustness map (:mod:`benchmarks.robustness`): a task's runs on its grid, normalized scores,
-the share of cells at the tuned return, the worst case per learning-rate factor against the best peer's, and the
-done-when targets of issue 23 checked for the recommended stack.
+The statistics of the robustness map (:mod:`benchmarks.robustness`, its grid in :mod:`benchmarks.robustness_grid`):
+a task's runs on its grid, normalized scores, the share of cells at the tuned return, the worst case per
+learning-rate factor against the best peer's, and the done-when targets checked for the recommended stack.
 """
 
 import math
@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks import aggregate
-from benchmarks.robustness import Task, random_return, tuned_settings
+from benchmarks.robustness_grid import Task, random_return, tuned_settings
 
 #: A grid cell (seed mean of normalized scores) "is at the tuned return" from this score on
 REACH_THRESHOLD = 0.9

@@ -400,7 +400,7 @@ def learning_threshold(runs: list[dict[str, Any]], name: str) -> float | None:
     :param runs: the suite's rows
     :param name: the configuration
     """
-    from benchmarks.robustness import random_return
+    from benchmarks.robustness_grid import random_return
 
     returns = [row["final_return"] for row in runs if row["config"] == name and row["role"] == REFERENCE]
     returns = [value for value in returns if np.isfinite(value)]

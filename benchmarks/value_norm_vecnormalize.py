@@ -19,7 +19,7 @@ from typing import Any
 import torch as th
 from stable_baselines3.common import vec_env
 
-from benchmarks import reports, robustness, suite, training, variants
+from benchmarks import reports, robustness_grid, suite, training, variants
 
 OUT = reports.RESULTS / "value_norm_vecnormalize.jsonl"
 TASK = "Acrobot-v1"
@@ -39,14 +39,14 @@ def _vec_normalize_with(norm_reward: bool) -> type:
 
 def run(factor: float, seed: int, normalize_value: bool, norm_reward: bool) -> dict[str, Any]:
     """One run of the map's cell (``factor``, ent_coef 0) with the two normalizations as given."""
-    task = robustness.TASKS[TASK]
-    config = robustness.cell_config(task, factor, 0.0, "full")
+    task = robustness_grid.TASKS[TASK]
+    config = robustness_grid.cell_config(task, factor, 0.0, "full")
     variant = dataclasses.replace(variants.VARIANTS[VARIANT], normalize_value=normalize_value)
     stock = vec_env.VecNormalize
     # training.make_env imports VecNormalize from the package when it runs: swapped there for this run only
     vec_env.VecNormalize = _vec_normalize_with(norm_reward)  # type: ignore[misc]
     try:
-        row = training.train(variant, TASK, config, task.timesteps["full"], seed, robustness.EVAL_EPISODES["full"])
+        row = training.train(variant, TASK, config, task.timesteps["full"], seed, robustness_grid.EVAL_EPISODES["full"])
     finally:
         vec_env.VecNormalize = stock  # type: ignore[misc]
     return dict(row, kind="run", factor=factor, normalize_value=normalize_value, norm_reward=norm_reward)

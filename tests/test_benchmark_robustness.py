@@ -12,7 +12,7 @@ import pytest
 
 from benchmarks import aggregate, configs, reports, suite
 from benchmarks.__main__ import main
-from benchmarks.robustness import (
+from benchmarks.robustness_grid import (
     SEEDS,
     TASKS,
     ent_coefs,

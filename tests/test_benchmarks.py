@@ -198,10 +198,10 @@ def test_reward_scale_map_runs_resumes_and_reports(tmp_path: Path) -> None:
 def test_no_stall_suite_watches_every_tuned_run_and_resumes(tmp_path: Path) -> None:
     """The tuned runs of the learning suite and of the robustness map (factor 1), each with a guard; keyed for a
     resumed run; the report counts the stall events."""
-    from benchmarks import learning, no_stall, robustness
+    from benchmarks import learning, no_stall, robustness, robustness_grid
 
     jobs = no_stall.jobs("tiny")
-    tuned_ent_coef = {env_id: robustness.tuned_settings(task)[1] for env_id, task in robustness.TASKS.items()}
+    tuned_ent_coef = {env_id: robustness_grid.tuned_settings(task)[1] for env_id, task in robustness_grid.TASKS.items()}
     tuned = [job for job in robustness.jobs("tiny") if job[2] == 1 and job[3] == tuned_ent_coef[job[0]]]
     assert len(jobs) == len(learning.jobs("tiny")) + len(tuned) and len(set(map(no_stall.job_key, jobs))) == len(jobs)
     assert all(variants.guarded(name, "raise").guard for name in variants.VARIANTS)
