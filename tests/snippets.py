@@ -18,7 +18,7 @@ DOCS = ROOT / "docs"
 
 #: The markers of blocks checked instead of run, and how (tests/test_readme_snippets.py implements each)
 CHECKED = {
-    "install": "install commands: valid requirements of torch (at the set-up script's pin) and sb3-safe's extras",
+    "install": "install commands: valid requirements of torch (unpinned or at the set-up script's pin) and sb3-safe's extras",
     "tests/test_readme.py and .ci/run run these": "the README's Quickstart commands, verbatim",
     "the README's Quickstart runs this": "the Quickstart's train command as run from an installed sb3-safe",
     "tests/test_tuning_postgres.py runs these": "the -optimize and --trial-id commands that test reads from this block",

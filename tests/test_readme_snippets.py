@@ -456,8 +456,8 @@ WHEEL = re.compile(r"dist/sb3_safe-(?P<version>[^-]+)-py3-none-any\.whl(?:\[(?P<
 
 def _check_requirement(requirement: str) -> None:
     """
-    A pip argument: sb3-safe (from PyPI, this checkout or the wheel built from it) with existing extras, or torch at
-    the set-up script's pin.
+    A pip argument: sb3-safe (from PyPI, this checkout or the wheel built from it) with existing extras, or torch
+    (unpinned, or at the set-up script's pin).
     """
     local = re.fullmatch(r"\.(?:\[(?P<extras>[\w,-]+)\])?", requirement) or WHEEL.fullmatch(requirement)
     if local is not None and "version" in local.groupdict():
@@ -468,7 +468,9 @@ def _check_requirement(requirement: str) -> None:
         parsed = Requirement(requirement)
         assert parsed.name in ("sb3-safe", "torch"), f"install only sb3-safe and torch: {requirement!r}"
         if parsed.name == "torch":
-            assert str(parsed.specifier) == f"=={_setup_torch_pin()}", f"{requirement!r}: not scripts/setup.sh's pin"
+            # Unpinned (a fresh environment: the newest build of the index named) or at the set-up script's pin
+            allowed = ("", f"=={_setup_torch_pin()}")
+            assert str(parsed.specifier) in allowed, f"{requirement!r}: unpinned or scripts/setup.sh's pin"
         extras = set(parsed.extras)
     assert extras <= _extras(), f"{requirement!r}: no such extra in pyproject.toml ({sorted(extras - _extras())})"
 
