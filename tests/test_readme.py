@@ -182,3 +182,70 @@ def test_the_install_check_sees_a_missing_extra() -> None:
     brought = installed_closure("sb3-safe", frozenset({"zoo"}))
     assert not needed_distributions('gym.make("Hopper-v5")')["Hopper-v5"] & brought
     assert needed_distributions('gym.make("Hopper-v5")')["Hopper-v5"] & installed_closure("sb3-safe", frozenset({"mujoco"}))
+
+
+# ----- user documentation speaks of the software, not of how it was made -----
+
+#: words of the project's working history: work periods, issue and pull-request numbers, commit hashes
+HISTORY_WORDS = re.compile(
+    r"\b(?:this |that |each |every |a |the |previous |last |next )?sessions?\b"
+    r"|\b(?:issue|ticket|PR|pull request)s?\s*#?\d+"
+    r"|\b(?:round|sprint|work period|iteration|phase)\s+#?\d+\b"
+    r"|\b(?:commit|at|since|before|after)\s+[0-9a-f]{7,40}\b"
+    r"|\b(?=[0-9a-f]*\d)(?=[0-9a-f]*[a-f])[0-9a-f]{7,40}'s\b",
+    re.IGNORECASE,
+)
+
+
+def user_documents() -> list[Path]:
+    docs = ROOT / "docs"
+    return [
+        ROOT / "README.md",
+        docs / "index.md",
+        *sorted((docs / "guide").glob("*.md")),
+        *sorted((docs / "misc").glob("*.md")),
+    ]
+
+
+def docstrings(path: Path) -> list[tuple[int, str]]:
+    """The docstrings of a module and of its classes and functions, with their line numbers."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    nodes = [
+        tree,
+        *(node for node in ast.walk(tree) if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))),
+    ]
+    found = []
+    for node in nodes:
+        text = ast.get_docstring(node, clean=False)
+        if text:
+            found.append((node.body[0].lineno, text))
+    return found
+
+
+def test_no_working_history_in_user_documentation() -> None:
+    hits = [
+        f"{path.relative_to(ROOT)}:{number}: {match.group(0)!r}"
+        for path in user_documents()
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        for match in HISTORY_WORDS.finditer(line)
+    ]
+    hits += [
+        f"{path.relative_to(ROOT)}:{number} (docstring): {match.group(0)!r}"
+        for path in sorted((ROOT / "sb3_safe").rglob("*.py"))
+        for number, text in docstrings(path)
+        for match in HISTORY_WORDS.finditer(text)
+    ]
+    assert not hits, f"working history belongs in git and benchmarks/results/, not in user documentation: {hits}"
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["as measured in this session", "fixed in issue 37", "see issue #63", "the round 4 review", "back to 8938b37's cost"],
+)
+def test_history_words_are_seen(text: str) -> None:
+    assert HISTORY_WORDS.search(text)
+
+
+@pytest.mark.parametrize("text", ["float32 rounds an Adam step", "around", "the issue of scale", "A2C's update", "deadbeef"])
+def test_ordinary_words_pass(text: str) -> None:
+    assert not HISTORY_WORDS.search(text)
