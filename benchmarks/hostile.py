@@ -9,6 +9,8 @@ every file (:func:`check_file`), in one long-lived process:
   exist;
 - **bounded cost**: the peak resident memory (``VmHWM``, reset before each reader) grows by at most
   :data:`MAX_PEAK_MIB` and each reader takes at most :data:`MAX_SECONDS`;
+- **run folders**: a ``config.yml`` / ``args.yml`` is read as ``sb3-safe enjoy`` reads it: refused in one line or
+  read as data (no doctor verdict to compare);
 - **one verdict**: doctor passes the file (exit 0, or exit 1 for its weights only) if and only if ``sb3_safe.load``
   loads it; a refused file is refused by both for the same cause (doctor's one-line error, or its first finding,
   is in load's message), and load raises nothing but :class:`~sb3_safe.RefusedFileError`. A file read in full from
@@ -61,7 +63,8 @@ class _Audit:
     def hook(self, event: str, args: tuple[Any, ...]) -> None:
         if self.canary is None:
             return
-        if event in _PROCESS_EVENTS or self.canary in repr(args)[:10_000]:
+        # "compile" names the canary when a reader parses a string that holds it (ast.parse of normalize): not a run
+        if event in _PROCESS_EVENTS or (event != "compile" and self.canary in repr(args)[:10_000]):
             self.events.append(event)
 
 
@@ -96,6 +99,8 @@ def check_file(file: HostileFile, audit: _Audit, canary: Path) -> dict[str, Any]
     import sb3_safe
     from sb3_safe.doctor import diagnose, run_doctor
 
+    if file.reader == "run folder":
+        return _check_run_folder(file, audit, canary)
     row: dict[str, Any] = {"file_kind": file.kind, "bytes": file.path.stat().st_size}
     audit.canary, audit.events = str(canary), []
     err = io.StringIO()
@@ -150,6 +155,38 @@ def check_file(file: HostileFile, audit: _Audit, canary: Path) -> dict[str, Any]
 _BASES: dict[str, Path] = {}
 
 
+def _check_run_folder(file: HostileFile, audit: _Audit, canary: Path) -> dict[str, Any]:
+    """
+    A run folder's YAML read as ``sb3-safe enjoy`` reads it (:mod:`sb3_safe.zoo.run_folder`): refused in one line or
+    read as data; no code ran, bounded cost. doctor and load do not read run folders: no verdict to compare.
+    """
+    from sb3_safe.zoo.run_folder import RunFolderError, read_args, read_config
+
+    row: dict[str, Any] = {"file_kind": file.kind, "bytes": sum(path.stat().st_size for path in file.path.iterdir())}
+    audit.canary, audit.events = str(canary), []
+    with _measured(row, "load"):
+        try:
+            read_config(file.path)
+            read_args(file.path)
+            row["load"] = "loaded"
+        except RunFolderError as error:
+            row["load"], row["load_cause"] = "refused", str(error)[:300]
+        except BaseException as error:
+            row["load"], row["load_cause"] = f"raised {type(error).__name__}", str(error)[:300]
+    audit.canary = None
+    row.update(doctor_status=None, doctor_cause="", doctor_seconds=0.0, doctor_peak_mib=0.0, built_only=False)
+    violations = []
+    if audit.events or canary.exists():
+        violations.append(f"code ran: {audit.events} {canary.exists()}")
+        canary.unlink(missing_ok=True)
+    if row["load_peak_mib"] > MAX_PEAK_MIB or row["load_seconds"] > MAX_SECONDS:
+        violations.append("load over budget")
+    if row["load"].startswith("raised"):
+        violations.append(f"load {row['load']}")
+    row["violations"] = violations
+    return row
+
+
 def _bases(folder: Path) -> dict[str, Path]:
     """A real model zip and VecNormalize statistics, saved once per process."""
     if not _BASES:
@@ -183,7 +220,12 @@ def run_seeds(seeds: range) -> list[dict[str, Any]]:
         for seed in seeds:
             file = hostile_file(seed, bases, folder, str(canary))
             rows.append({"seed": seed, **check_file(file, _AUDIT[0], canary)})
-            file.path.unlink()
+            if file.path.is_dir():
+                for path in file.path.iterdir():
+                    path.unlink()
+                file.path.rmdir()
+            else:
+                file.path.unlink()
     return rows
 
 
@@ -230,7 +272,8 @@ def report(out: Path) -> None:
     counts = _counts(rows)
     by_kind: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
     for row in rows:
-        by_kind[row["file_kind"]][f"doctor {row['doctor_status']}, load {row['load']}"] += 1
+        doctor = "" if row["doctor_status"] is None else f"doctor {row['doctor_status']}, "
+        by_kind[row["file_kind"]][f"{doctor}load {row['load']}"] += 1
 
     def cost(row: dict[str, Any]) -> str:
         return (

@@ -427,7 +427,15 @@ def torch_file(rng: random.Random, canary: str) -> bytes:
 
 #: What a file changes in a real one, with its weight: a pickle program as a new or an existing item of ``data``, as
 #: ``policy.pth`` (a torch file) or ``pytorch_variables.pth`` (legacy format), VecNormalize statistics; or the archive
-KINDS = {"data item": 5, "data item replaced": 2, "policy.pth": 2, "variables legacy": 1, "statistics": 2, "archive": 2}
+KINDS = {
+    "data item": 5,
+    "data item replaced": 2,
+    "policy.pth": 2,
+    "variables legacy": 1,
+    "statistics": 2,
+    "archive": 2,
+    "run folder yaml": 2,
+}
 
 
 @dataclass(frozen=True)
@@ -464,6 +472,11 @@ def hostile_file(seed: int, bases: dict[str, Path], folder: Path, canary: str) -
     kind = rng.choices(list(KINDS), list(KINDS.values()))[0]
     target = folder / f"{seed}.{'pkl' if kind == 'statistics' else 'zip'}"
     model = bases["model"]
+    if kind == "run folder yaml":
+        folder_of_run = folder / f"{seed}-run"
+        folder_of_run.mkdir()
+        (folder_of_run / rng.choice(("config.yml", "args.yml"))).write_text(run_folder_yaml(rng, canary))
+        return HostileFile(folder_of_run, kind, "run folder")
     if kind == "statistics":
         target.write_bytes(pickle_program(rng, canary, torch_file(rng, canary)))
         return HostileFile(target, kind, "statistics")
@@ -484,6 +497,55 @@ def hostile_file(seed: int, bases: dict[str, Path], folder: Path, canary: str) -
     else:
         target.write_bytes(_damaged(rng, model.read_bytes()))
     return HostileFile(target, kind, "model")
+
+
+#: YAML tags that build Python objects, and targets that run code (rl-zoo writes only its OrderedDict tag)
+_YAML_TAGS = ("!!python/object/apply:", "!!python/object/new:", "!!python/object:", "!!python/name:", "!!python/module:")
+_YAML_TARGETS = ("os.system", "subprocess.Popen", "builtins.eval", "builtins.exec", "posix.system", "builtins.open")
+
+
+def _yaml_value(rng: random.Random, canary: str, depth: int = 0) -> str:
+    """A YAML flow value: plain, rl-zoo's OrderedDict of pairs, a Python tag calling a target, a list or a mapping."""
+    kind = rng.choices(("plain", "ordered", "tag", "list", "mapping"), (4, 2, 3, 1, 1) if depth < 3 else (1, 0, 1, 0, 0))[0]
+    if kind == "plain":
+        return rng.choice(("1", "0.99", "true", "null", "'CartPole-v1'", "[64, 64]", "'nn.ReLU'"))
+    if kind == "tag":
+        target = rng.choice(_YAML_TARGETS)
+        return f"{rng.choice(_YAML_TAGS)}{target} [{json.dumps(f'touch {canary}')}]"
+    items = [_yaml_value(rng, canary, depth + 1) for _ in range(rng.choice((1, 2, 3)))]
+    if kind == "ordered":
+        return (
+            "!!python/object/apply:collections.OrderedDict [[" + ", ".join(f"[k{i}, {v}]" for i, v in enumerate(items)) + "]]"
+        )
+    if kind == "list":
+        return "[" + ", ".join(items) + "]"
+    return "{" + ", ".join(f"k{i}: {v}" for i, v in enumerate(items)) + "}"
+
+
+def run_folder_yaml(rng: random.Random, canary: str) -> str:
+    """A ``config.yml`` or ``args.yml``: hyperparameters with hostile values, ``normalize`` code, or an alias bomb."""
+    shape = rng.choice(("fields", "normalize", "bomb", "wrapper"))
+    if shape == "bomb":
+        levels, width = rng.choice((3, 6, 9, 12)), rng.choice((2, 9, 30))
+        lines = ["a0: &a0 [x]"] + [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * width)}]" for i in range(1, levels)]
+        return "\n".join(lines) + "\n"
+    if shape == "normalize":
+        code = rng.choice(
+            (
+                f"__import__('os').system('touch {canary}') or dict(norm_obs=False)",
+                "dict(norm_obs=True, gamma=0.99)",
+                "open('x').read()",
+                "(lambda: 1)()",
+                "[x for x in ()]",
+                "dict(**{'norm_obs': True})",
+                "True",
+            )
+        )
+        return f"!!python/object/apply:collections.OrderedDict\n- - - normalize\n    - {json.dumps(code)}\n"
+    if shape == "wrapper":
+        name = rng.choice(("os.system", "gymnasium.wrappers.TimeLimit", "builtins.eval", "sb3_safe.nothing"))
+        return f"env_wrapper: {rng.choice(('', '!!python/name:'))}{name}\nn_timesteps: 1000\n"
+    return "\n".join(f"key{i}: {_yaml_value(rng, canary)}" for i in range(rng.choice((1, 3, 6)))) + "\n"
 
 
 def _damaged(rng: random.Random, raw: bytes) -> bytes:
