@@ -1,5 +1,6 @@
 """Sphinx configuration of the sb3-safe documentation, following Stable-Baselines3's (docs/conf.py there)."""
 
+import os
 import re
 import sys
 from pathlib import Path
@@ -135,7 +136,39 @@ def drop_private_parameter_docs(app: Any, what: str, name: str, obj: Any, option
     lines[:] = kept
 
 
+# -- Links to benchmark reports ---------------------------------------------------
+
+# The guides link a benchmark report where it lies in the repository (benchmarks/results/NAME.md), so that they read
+# as plain Markdown too (GitHub); on the site the same link goes to the report's page, the one that includes it
+DOCS = Path(__file__).resolve().parent
+_INCLUDE = re.compile(r"^```\{include\} (\S+)", re.MULTILINE)
+_LINK = re.compile(r"\]\((?P<path>[^)\s#]+\.md)(?P<anchor>#[^)\s]*)?\)")
+
+
+def report_pages() -> dict[Path, Path]:
+    """Each report that a page of docs/benchmarks/ includes, with that page (the first one that includes it)."""
+    pages: dict[Path, Path] = {}
+    for page in sorted((DOCS / "benchmarks").glob("*.md")):
+        for included in _INCLUDE.findall(page.read_text(encoding="utf-8")):
+            pages.setdefault((page.parent / included).resolve(), page)
+    return pages
+
+
+def link_reports_to_their_pages(app: Any, docname: str, source: list[str]) -> None:
+    folder = (DOCS / docname).parent
+    pages = report_pages()
+
+    def to_page(match: re.Match) -> str:
+        page = pages.get((folder / match.group("path")).resolve())
+        if page is None:
+            return match.group(0)
+        return f"]({os.path.relpath(page, folder)}{match.group('anchor') or ''})"
+
+    source[0] = _LINK.sub(to_page, source[0])
+
+
 def setup(app: Any) -> None:
+    app.connect("source-read", link_reports_to_their_pages)
     app.connect("autodoc-process-docstring", escape_absolute_values)
     app.connect("autodoc-process-docstring", drop_private_parameter_docs)
     # After autodoc's own handlers (priority 500), which record the type hints

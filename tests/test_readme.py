@@ -249,3 +249,21 @@ def test_history_words_are_seen(text: str) -> None:
 @pytest.mark.parametrize("text", ["float32 rounds an Adam step", "around", "the issue of scale", "A2C's update", "deadbeef"])
 def test_ordinary_words_pass(text: str) -> None:
     assert not HISTORY_WORDS.search(text)
+
+
+def test_pages_the_readme_links_read_as_plain_markdown() -> None:
+    """The guides and the changelog (the README sends people there): links a plain Markdown view follows, no MyST roles."""
+    linked = {
+        (ROOT / link).resolve() for link in re.findall(r"\]\(([^)#]+\.md)(?:#[^)]*)?\)", readme_text()) if "docs/" in link
+    }
+    assert linked, "the README links no guide"
+    pages = sorted(linked | set((ROOT / "docs" / "guide").glob("*.md")))
+    roles = [f"{page.relative_to(ROOT)}: {role}" for page in pages for role in re.findall(r"\{\w+\}`[^`]*`", page.read_text())]
+    assert not roles, f"write these as [text](page.md) links, which Sphinx and GitHub both follow: {roles}"
+    missing = [
+        f"{page.relative_to(ROOT)}: {link}"
+        for page in pages
+        for link in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text(encoding="utf-8"))
+        if "://" not in link and not (page.parent / link).exists()
+    ]
+    assert not missing, f"links to missing files: {missing}"
