@@ -19,7 +19,7 @@ from benchmarks import aggregate, configs, reports, suite, training, variants
 
 SUITE = "learning"
 #: (stock, safe variants...) of each family: each safe variant is compared with the stock one; "+KL-lr" adds
-#: KLAdaptiveLRCallback with its defaults (no cost where stock already works: issue 23)
+#: KLAdaptiveLRCallback with its defaults (its target: no cost where stock already works)
 FAMILIES = {
     "PPO": ("PPO", "KLAdaptivePPO", "KLAdaptivePPO+KL-lr", "KLAdaptivePPO(normalize_value)"),
     "A2C": ("A2C", "SafeA2C", "SafeA2C+KL-lr", "SafeA2C(normalize_value)"),

@@ -1,6 +1,6 @@
 """
 No false alarm from the stall watch: every tuned run of the learning suite and of the robustness map, watched by the
-guard, reports no stall (issue 36: "no stall event in any tuned run of the learning suite and the robustness map").
+guard, reports no stall (the target: "no stall event in any tuned run of the learning suite and the robustness map").
 
 The stall watch (:mod:`sb3_safe.common.guard.stall`) reports training that runs but no longer learns: every optimizer
 step of ``stall_updates`` updates in a row skipped, a non-finite loss in each, or parameters unchanged over them at a

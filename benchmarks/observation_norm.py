@@ -4,7 +4,7 @@ Would normalizing the observations cost the learning suite's parity? The learnin
 algorithm or safe policy + adaptive lr, as the suite's "+KL-lr" variants) in ``VecNormalize(norm_obs=True,
 norm_reward=False)``: the observations normalized, the rewards left to ``normalize_value``. Compared with the suite's
 own rows of stock SB3 and of the same stack without it (``learning.jsonl``). The measurement before any default that
-normalizes observations (the stress suite's misses, ``stress.md``, thirteenth session). Resumable: rows already in the
+normalizes observations (the stress suite's misses, ``stress.md``, commit fae62d2). Resumable: rows already in the
 JSONL are skipped.
 
 The same for a slice of the robustness map (a task without ``VecNormalize``: CartPole-v1, rl-zoo's A2C entry, or

@@ -33,15 +33,12 @@ def report_header(title: str, meta: dict[str, Any], budget_lines: list[str]) -> 
 
 
 def _machines(meta: dict[str, Any]) -> str:
-    """The CPU, or for a run resumed on other machines each CPU with its sessions (1-based, in order)."""
+    """The CPU, or for a run resumed on other machines every CPU that ran some of its rows."""
     cpus = meta.get("cpus") or [meta.get("cpu")]
     if len(set(cpus)) == 1:
         return str(cpus[0])
-    sessions: dict[str, list[str]] = {}
-    for number, cpu in enumerate(cpus, start=1):
-        sessions.setdefault(str(cpu), []).append(str(number))
-    listed = "; ".join(f"{cpu} (sessions {', '.join(numbers)})" for cpu, numbers in sessions.items())
-    return f"{listed}: one commit and seed can end elsewhere on another CPU"
+    listed = " and ".join(str(cpu) for cpu in dict.fromkeys(cpus))
+    return f"rows from {listed} (one commit and seed can end elsewhere on another CPU)"
 
 
 def write_report(path: Path, lines: list[str]) -> None:

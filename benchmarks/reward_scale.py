@@ -1,5 +1,5 @@
 """
-Reward-scale map (issue 39): rewards multiplied by 1e-4 ... 1e30 on CartPole-v1 (rl-zoo's A2C entry) and Pendulum-v1
+Reward-scale map: rewards multiplied by 1e-4 ... 1e30 on CartPole-v1 (rl-zoo's A2C entry) and Pendulum-v1
 (rl-zoo's PPO entry), the final return evaluated on the unscaled task. Peers in the same run: stock SB3, stock SB3 in
 VecNormalize (rl-zoo's ``normalize: true``, observations and rewards: what an SB3 user reaches for), and sb3-safe's
 recommended stack (SafeA2C / KLAdaptivePPO + the guard in rollback mode + the adaptive learning rate) without and
@@ -179,7 +179,7 @@ def report(out: Path) -> None:
             " (rl-zoo's `normalize: true`: observations and rewards); the recommended stack (safe algorithm +"
             " `NonFiniteGuardCallback(on_nonfinite='rollback')` + `KLAdaptiveLRCallback()`), without and with"
             " `normalize_value=True`, and with it in `VecNormalize(norm_reward=False)` (the peer's observation"
-            " normalization, the rewards left to `normalize_value`; added in the twelfth session, its rows may be of"
+            " normalization, the rewards left to `normalize_value`; added after the others, its rows may be of"
             " a later commit).",
             "Normalized score: 0 a uniformly random policy, 1 stock SB3's mean return at scale 1 (the tuned reference,"
             f" same budget; 'n/a' where it beats random by less than {MIN_REFERENCE_GAIN:.0%} of the random return)."

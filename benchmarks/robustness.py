@@ -23,7 +23,7 @@ final learning rate, final return (deterministic policy, 10 episodes). The repor
 :mod:`benchmarks.robustness_report` from the JSONL; statistics in :mod:`benchmarks.robustness_scores`) has per
 task the failures and counts per variant, the IQM of normalized scores with a stratified bootstrap interval
 (rliable), the share of cells at >= 90 % of the tuned return, the worst case per learning-rate factor against the
-best peer's, the done-when targets of issue 23 for the recommended stack, heatmaps and performance profiles. An
+best peer's, the targets of the recommended stack, heatmaps and performance profiles. An
 interrupted run continues where it stopped when rerun with the same ``--out`` (:func:`benchmarks.suite.run_suite`,
 keyed by :func:`job_key` / :func:`row_key`).
 
@@ -51,10 +51,10 @@ KLAdaptivePPO's two KL controllers to use. Factors, seeds and ent_coef are as sp
 runs, about 26,000 CPU-s: about 3.6 h wall with ``--jobs 2`` at today's speed, about 1.8 h at the first edition's
 (the measured wall time is in the report's header); over the 90 minutes aimed at, for the five tasks asked for.
 Measured (2026-12-01, ``benchmarks/results/robustness.md``): the tuned ent_coef's half, 414 runs, took about 2.7 h
-wall with ``--jobs 2`` over two sessions, on cores shared at times with other jobs (Pendulum-v1 runs 18.5-51 CPU-s,
+wall with ``--jobs 2`` (resumed once), on cores shared at times with other jobs (Pendulum-v1 runs 18.5-51 CPU-s,
 CartPole-v1 26-27, CartPoleNoVel-v1 77-132, MachineScheduling-v0 59-78); the ent_coef 0.1 half's 360 runs about
 11,100 CPU-s (Pendulum-v1 6,100, CartPole-v1 2,500, Acrobot-v1 2,500), its last 348 runs 1.7 h wall with ``--jobs
-2`` beside a third process at times. The whole map: 4.7 h wall summed over four sessions.
+2`` beside a third process at times. The whole map: 4.7 h wall, summed over the parts of a resumed run.
 ``--quick`` (x0.1 / x1 / x100, x1 / x100 on the sb3-contrib tasks; tuned ent_coef, 1 seed, short
 budgets; 54 runs): measured 6.6 min wall with ``--jobs 2`` while another 2-process benchmark held both cores (each
 run got about half a core: 571 s of run wall time for 283 CPU-s of training), i.e. about 3.5 min on free cores.

@@ -150,7 +150,7 @@ def cpu_replicate_section(
 
 
 def _budget_lines(meta: dict[str, Any], runs: list[dict[str, Any]]) -> list[str]:
-    """The header's items: the grid, variants, definitions, the sessions of a resumed run and what is missing."""
+    """The header's items: the grid, variants, definitions, the commits of a resumed run and what is missing."""
     episodes = meta.get("budget", {}).get("eval_episodes", "?")
     lines = [
         "Grid per task (as run): learning rate = tuned x factor, entropy coefficient, seeds; otherwise the entry's"
@@ -173,9 +173,10 @@ def _budget_lines(meta: dict[str, Any], runs: list[dict[str, Any]]) -> list[str]
     ]
     lines += _missing_lines(meta, runs)
     if meta.get("sessions", 1) > 1:
+        commits = ", ".join(str(commit) for commit in dict.fromkeys(meta.get("commits", [])))
         lines.append(
-            f"Resumed: {meta['sessions']} sessions (commits {', '.join(str(c) for c in meta.get('commits', []))});"
-            f" {meta.get('resumed_rows')} rows were written by earlier sessions; the wall time is the sum of all."
+            f"Resumed: run in {meta['sessions']} parts (interrupted, then continued), rows from commits {commits};"
+            " the wall time is the sum of the parts."
         )
     return lines
 
@@ -347,7 +348,7 @@ def _worst_text(result: TaskResults, variant: str, factor: float) -> str:
 
 
 def _targets(result: TaskResults, iqms: dict[str, tuple[float, float, float]]) -> list[str]:
-    """Issue 23's done-when, checked per recommended variant: met or missed by how much."""
+    """The recommended stack's targets, checked per recommended variant: met or missed by how much."""
     lines = [
         "### Targets of the recommended stack",
         "",

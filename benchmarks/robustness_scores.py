@@ -15,7 +15,7 @@ from benchmarks.robustness_grid import Task, random_return, tuned_settings
 
 #: A grid cell (seed mean of normalized scores) "is at the tuned return" from this score on
 REACH_THRESHOLD = 0.9
-#: Issue 23's targets for the recommended stack: IQM of the normalized scores, share of cells at REACH_THRESHOLD
+#: The recommended stack's targets: IQM of the normalized scores, share of cells at REACH_THRESHOLD
 TARGET_IQM = 0.85
 TARGET_SHARE = 0.75
 
@@ -176,7 +176,7 @@ class Target:
 
 def targets(result: TaskResults, variant: str, iqms: dict[str, tuple[float, float, float]]) -> list[Target]:
     """
-    Issue 23's done-when for one variant: IQM >= TARGET_IQM, >= TARGET_SHARE of the cells at REACH_THRESHOLD of the
+    The recommended stack's targets for one variant: IQM >= TARGET_IQM, >= TARGET_SHARE of the cells at REACH_THRESHOLD of the
     tuned return, and a worst case >= the best peer's at every learning-rate factor.
 
     :param iqms: :func:`iqm_intervals` of the task

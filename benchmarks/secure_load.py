@@ -30,7 +30,7 @@ import sb3_safe
 from benchmarks.overhead import median_interval
 from benchmarks.suite import machine_info
 
-#: The target of issue 38, on the largest model
+#: The loading time's target, on the largest model
 TARGET = 1.5
 
 

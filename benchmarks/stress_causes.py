@@ -1,5 +1,5 @@
 """
-Why the recommended stack misses on some stress configurations (issue 39: a measured cause for every miss).
+Why the recommended stack misses on some stress configurations (a measured cause for every miss).
 
 Each probe trains a stress configuration (``benchmarks/stress.py``, its full budget unless said) a few ways that
 differ in one thing, more seeds than the suite, and records what the cause needs: the final return and, per update,
@@ -295,7 +295,7 @@ def probes() -> dict[str, tuple[list[Probe], tuple[int, ...]]]:
             ],
             tuple(range(24)),
         ),
-        # The issue's suspected cause: one clipped norm for the actor's and the critic's gradients together
+        # The suspected cause: one clipped norm for the actor's and the critic's gradients together
         "clip_per_part": (
             [
                 Probe(

@@ -108,7 +108,7 @@ def run_suite(
     With ``job_key`` and ``row_key`` the suite is resumable: if ``<suite>.jsonl`` already holds rows of the same
     suite, size and budget (an interrupted or finished run), the jobs whose key is among its rows' are skipped and
     the others' rows appended, so that a rerun with the same ``out`` continues where the last one stopped. The final
-    meta row's ``wall_s`` is then the sum over the sessions (an interrupted one counted up to its last row).
+    meta row's ``wall_s`` is then the sum over the run's parts (an interrupted one counted up to its last row).
 
     :param job_key: what identifies a job
     :param row_key: the key of the job that wrote a row
@@ -124,7 +124,7 @@ def run_suite(
         rows = [line for line in earlier if line.get("kind") != "meta"]
         done_keys = {row_key(row) for row in rows}
         todo = [job for job in jobs if job_key(job) not in done_keys]
-        walls, commits, cpus = _sessions(earlier)
+        walls, commits, cpus = _parts(earlier)
         meta.update(
             sessions=len(walls) + 1, commits=[*commits, meta["commit"]], cpus=[*cpus, meta["cpu"]], resumed_rows=len(rows)
         )
@@ -176,10 +176,10 @@ def _earlier_lines(path: Path, suite: str, size: str, budget: dict[str, Any], an
     return lines
 
 
-def _sessions(lines: list[dict[str, Any]]) -> tuple[list[float], list[str | None], list[str | None]]:
+def _parts(lines: list[dict[str, Any]]) -> tuple[list[float], list[str | None], list[str | None]]:
     """
-    Wall seconds, commit and CPU of each session in a JSONL: a session starts with a meta row without ``wall_s``
-    and ends with one that has it; an interrupted session ends at its last row.
+    Wall seconds, commit and CPU of each part of a resumed run in a JSONL: a part starts with a meta row without
+    ``wall_s`` and ends with one that has it; an interrupted part ends at its last row.
     """
     walls: list[float] = []
     commits: list[str | None] = []

@@ -112,7 +112,7 @@ VARIANTS = {
         Variant("A2C+SafeMlpPolicy+guard", "A2C", safe_policy=True, guard="rollback"),
         Variant("A2C+SafeMlpPolicy+guard+KL-lr", "A2C", safe_policy=True, guard="rollback", adaptive_lr=True),
         Variant("SafeA2C+guard+KL-lr", "SafeA2C", guard="rollback", adaptive_lr=True),
-        # Value-target normalization (issue 39): is it free where the reward scale is already right?
+        # Value-target normalization: is it free where the reward scale is already right?
         Variant("KLAdaptivePPO(normalize_value)", "KLAdaptivePPO", normalize_value=True),
         Variant("SafeA2C(normalize_value)", "SafeA2C", normalize_value=True),
         # What the two normalizations on by default cost (overhead): the safe algorithms without them

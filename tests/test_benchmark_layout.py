@@ -1,11 +1,16 @@
 """
-The shape of ``benchmarks/``: its modules import one another without a cycle, and each stays short enough to read.
+The shape of ``benchmarks/``: its modules import one another without a cycle, each stays short enough to read, and
+what a user reads says what was measured, not when in the project's work it was.
 """
 
 import ast
+import re
 from pathlib import Path
 
-BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCHMARKS = ROOT / "benchmarks"
 MAX_LINES = 600
 #: Modules longer than MAX_LINES, not split yet (fault_mutants.py is listed while it grows beside faults.py)
 LONGER = {"faults.py", "fault_mutants.py", "mutation.py"}
@@ -50,3 +55,37 @@ def test_module_length() -> None:
     lengths = {path.name: len(path.read_text(encoding="utf-8").splitlines()) for path in BENCHMARKS.glob("*.py")}
     too_long = {name: lines for name, lines in lengths.items() if lines > MAX_LINES and name not in LONGER}
     assert not too_long, f"benchmarks modules over {MAX_LINES} lines (split them): {too_long}"
+
+
+ORDINALS = (
+    "first|second|third|fourth|fifth|sixth|seventh|eighth|ninth|tenth|eleventh|twelfth|thirteenth|fourteenth"
+    "|fifteenth|sixteenth|seventeenth|eighteenth|nineteenth|twentieth"
+)
+#: Working history: numbered work periods and the project's own issue numbers (git keeps both)
+HISTORY = re.compile(
+    r"\bsessions?\s+\d|\b(?:this|that|last|earlier|previous)\s+sessions?\b|\b(?:" + ORDINALS + r")\s+sessions?\b"
+    r"|\bsessions\s+(?:below|above)\b|\bround\s+\d|\bissue\s+\d+|\bthe\s+issue's\b",
+    re.IGNORECASE,
+)
+#: Files others are rewriting; they leave this list once their working-history words are gone
+HISTORY_PENDING = {"__main__.py", "faults.py", "fault_mutants.py", "mutation.py", "mutation.md"}
+
+
+def _read_by_users() -> list[Path]:
+    paths = [
+        *BENCHMARKS.rglob("*.py"),
+        *BENCHMARKS.glob("results/*.md"),
+        *BENCHMARKS.glob("results/*/*.md"),
+        *(ROOT / "docs" / "benchmarks").glob("*.md"),
+    ]
+    return sorted(path for path in paths if path.name not in HISTORY_PENDING and "_before_" not in str(path.parent))
+
+
+@pytest.mark.parametrize("path", _read_by_users(), ids=lambda path: str(path.relative_to(ROOT)))
+def test_no_working_history(path: Path) -> None:
+    hits = [
+        f"{number}: {line.strip()[:100]}"
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1)
+        if HISTORY.search(line)
+    ]
+    assert not hits, "working history (say what was measured, at which commit): " + "; ".join(hits)

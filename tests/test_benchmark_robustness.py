@@ -136,7 +136,7 @@ def test_rerun_continues_an_interrupted_map(tiny_out: Path, tmp_path: Path, caps
     assert meta["sessions"] == 2 and meta["resumed_rows"] == kept
     assert meta["cpus"] == [meta["cpu"]] * 2 and all(row["cpu"] == meta["cpu"] for row in runs)
     assert meta["wall_s"] > meta["session_wall_s"]
-    assert "Resumed: 2 sessions" in (tmp_path / "robustness.md").read_text()
+    assert "Resumed: run in 2 parts" in (tmp_path / "robustness.md").read_text()
 
 
 def _toy_job(job: int) -> list[dict[str, Any]]:
@@ -365,12 +365,12 @@ def test_the_masked_random_policy_acts_among_allowed_actions() -> None:
 
 
 def test_report_header_names_each_machine_of_a_resumed_run() -> None:
-    """Runs of one seed differ between CPUs: a map resumed on another machine says which sessions ran where."""
+    """Runs of one seed differ between CPUs: a map resumed on another machine names each CPU."""
     one = dict(cpu="CPU A", cpus=["CPU A", "CPU A"], cores=2)
     assert "- Machine: CPU A, 2 cores" in "\n".join(reports.report_header("t", one, []))
     mixed = dict(cpu="CPU B", cpus=["CPU A", "CPU A", "CPU B"], cores=2)
     header = "\n".join(reports.report_header("t", mixed, []))
-    assert "CPU A (sessions 1, 2); CPU B (sessions 3)" in header
+    assert "rows from CPU A and CPU B (one commit and seed" in header
 
 
 def test_cpu_replicate_section_compares_the_same_jobs_on_two_cpus() -> None:
