@@ -208,7 +208,7 @@ class CallbackClock:
     :param callback: the guard or the adaptive learning rate, or None
     """
 
-    #: per event, [calls, seconds] since construction (``python -m benchmarks.profile_guard`` reads them)
+    #: per event, [calls, seconds] since construction: where the callback's time goes
     calls: dict[str, list[float]]
 
     METHODS = (
