@@ -78,7 +78,7 @@ def _read_by_users() -> list[Path]:
         *BENCHMARKS.glob("results/*/*.md"),
         *(ROOT / "docs" / "benchmarks").glob("*.md"),
     ]
-    return sorted(path for path in paths if path.name not in HISTORY_PENDING and "_before_" not in str(path.parent))
+    return sorted(path for path in paths if path.name not in HISTORY_PENDING)
 
 
 @pytest.mark.parametrize("path", _read_by_users(), ids=lambda path: str(path.relative_to(ROOT)))
