@@ -27,37 +27,13 @@ best peer's, the targets of the recommended stack, heatmaps and performance prof
 interrupted run continues where it stopped when rerun with the same ``--out`` (:func:`benchmarks.suite.run_suite`,
 keyed by :func:`job_key` / :func:`row_key`).
 
-Sizing. Measured CPU-seconds of one run (training and 10 evaluation episodes, one process, one torch thread) at the
-tuned settings and the full budget, one after another, the other core idle at first (1-min load 0.8-2.3) and then
-busy with other jobs (load 3-5, the figures in brackets, whose wall time was up to 1.5x their CPU time):
-
-- Pendulum-v1 (49,152): PPO 38.4, PPO+SafeMlpPolicy+guard+KL-lr 44.1, KLAdaptivePPO+guard 46.5,
-  KLAdaptivePPO+guard+KL-lr 43.0, [PPO 41.5, PPO(target_kl=0.01) 19.1, PPO+SBX-lr 49.6; at x100 / x1000:
-  PPO 37.3, PPO+SafeMlpPolicy+guard+KL-lr 48.0 / 49.2: a wrong learning rate costs about what the tuned one does];
-- CartPole-v1 (100,000): A2C 23.4, SafeA2C+guard+KL-lr 26.8 (19 updates redone), [at x100: A2C 29.4,
-  SafeA2C+guard+KL-lr 20.5];
-- Acrobot-v1: at 100,000 steps PPO 40-46, PPO+SafeMlpPolicy+guard+KL-lr 33.0; [at 49,152 PPO 20.5-21.7];
-- CartPoleNoVel-v1: at 49,152 steps RecurrentPPO 161.5 (about 300 steps/s),
-  RecurrentPPO+SafeMlpLstmPolicy+guard+KL-lr 168.5; [at 32,768 RecurrentPPO 100-122];
-- MachineScheduling-v0 (100,000): MaskablePPO 68.5, MaskablePPO+SafeMaskableMlpPolicy+guard+KL-lr 65.2.
-
-This machine ran the same stock code about half as fast as when the first edition was measured (its rows: A2C
-CartPole-v1 100k 10.4-11.8 CPU-s, PPO Pendulum-v1 49k 17.6-23.3). With today's figures (unmeasured variants taken
-as their closest measured one) the task list as specified (6 Pendulum variants, Acrobot 100,000 and CartPoleNoVel
-49,152 steps) is about 32,400 CPU-s: 4.5 h wall with ``--jobs 2``, three times the 90 minutes aimed at. Shrunk in
-the order set for it: CartPoleNoVel-v1 49,152 -> 32,768 steps (-1,500 CPU-s), Acrobot-v1 100,000 -> 49,152
-(-4,900); KLAdaptivePPO+guard without the adaptive lr stays on Pendulum-v1 (2,200), since it answers which of
-KLAdaptivePPO's two KL controllers to use. Factors, seeds and ent_coef are as specified. The full size is then 774
-runs, about 26,000 CPU-s: about 3.6 h wall with ``--jobs 2`` at today's speed, about 1.8 h at the first edition's
-(the measured wall time is in the report's header); over the 90 minutes aimed at, for the five tasks asked for.
-Measured (2026-12-01, ``benchmarks/results/robustness.md``): the tuned ent_coef's half, 414 runs, took about 2.7 h
-wall with ``--jobs 2`` (resumed once), on cores shared at times with other jobs (Pendulum-v1 runs 18.5-51 CPU-s,
-CartPole-v1 26-27, CartPoleNoVel-v1 77-132, MachineScheduling-v0 59-78); the ent_coef 0.1 half's 360 runs about
-11,100 CPU-s (Pendulum-v1 6,100, CartPole-v1 2,500, Acrobot-v1 2,500), its last 348 runs 1.7 h wall with ``--jobs
-2`` beside a third process at times. The whole map: 4.7 h wall, summed over the parts of a resumed run.
-``--quick`` (x0.1 / x1 / x100, x1 / x100 on the sb3-contrib tasks; tuned ent_coef, 1 seed, short
-budgets; 54 runs): measured 6.6 min wall with ``--jobs 2`` while another 2-process benchmark held both cores (each
-run got about half a core: 571 s of run wall time for 283 CPU-s of training), i.e. about 3.5 min on free cores.
+Sizing. CPU-seconds of one run (training and 10 evaluation episodes, one process, one torch thread, cores shared at
+times) at the tuned settings and the full budget: Pendulum-v1 19-50 per variant, CartPole-v1 20-30, Acrobot-v1 about
+21 (stock PPO), CartPoleNoVel-v1 100-122 (stock RecurrentPPO), MachineScheduling-v0 59-78; a wrong learning rate costs
+about what the tuned one does (PPO Pendulum-v1 at x100 / x1000: 37-49). The full size, 774 runs, is about 26,000
+CPU-s: it took 4.7 h wall with ``--jobs 2``, summed over the parts of a resumed run (the report's header has the
+measured wall time). ``--quick`` (x0.1 / x1 / x100, x1 / x100 on the sb3-contrib tasks; tuned ent_coef, 1 seed,
+short budgets; 54 runs): about 3.5 min on free cores with ``--jobs 2``.
 """
 
 from dataclasses import replace
