@@ -18,6 +18,7 @@ the std, i.e. std >= 1e-3 for the squashed Gaussian near its bound, and std >= ~
 
 import itertools
 import math
+from typing import Any
 from dataclasses import dataclass
 
 import numpy as np
@@ -72,7 +73,11 @@ class Gaussian:
         if self.family in ("bounded", "squashed"):
             cls = SquashedBoundedGaussianDistribution if self.squashed else BoundedDiagGaussianDistribution
             log_std = th.full((n_rows, 1), self.log_std + log_std_shift, device=device, requires_grad=True)
-            return cls(1, self.log_std_range).proba_distribution(mean, log_std)
+            dist = cls(1, self.log_std_range).proba_distribution(mean, log_std)
+            # The std is built from the clamped leaf as SB3 builds it (ones times its exp): the leaf's gradient is the
+            # bounded log-std's inside the range, zero where the clamp is active
+            dist.log_std_handle = log_std
+            return dist
         dist = BoundedStateDependentNoiseDistribution(1, self.log_std_range, full_std=True, squash_output=self.squashed)
         matrix_log_std = th.full((len(self.latent), 1), self.log_std + log_std_shift, device=device, requires_grad=True)
         dist.latent_sde_dim = len(self.latent)
@@ -84,6 +89,11 @@ class Gaussian:
     def sample(self, n_rows: int, device: str) -> th.Tensor:
         with th.no_grad():
             return self.make(n_rows, device).sample()
+
+
+def log_std_handle(dist: Any) -> th.Tensor:
+    """The log-std to differentiate by: the leaf given to a diagonal Gaussian, a gSDE distribution's bounded_log_std."""
+    return dist.log_std_handle if hasattr(dist, "log_std_handle") else dist.bounded_log_std
 
 
 BOUND = PRESQUASH_BOUND
@@ -155,7 +165,7 @@ def test_score_has_mean_zero(gaussian: Gaussian, device: str) -> None:
     th.manual_seed(SEED)
     samples = gaussian.sample(N_SAMPLES, device)
     dist = gaussian.make(N_SAMPLES, device)
-    scores = th.autograd.grad(dist.log_prob(samples).sum(), [dist.distribution.loc, dist.bounded_log_std])
+    scores = th.autograd.grad(dist.log_prob(samples).sum(), [dist.distribution.loc, log_std_handle(dist)])
     assert all(bool(th.isfinite(score).all()) for score in scores)
     assert_mean_equals(th.cat(scores, dim=1), 0.0, f"{gaussian}: score (mean, log-std)", score_scale(dist))
 
@@ -176,7 +186,7 @@ def squashed_entropy_reference(mean: float, std: float) -> tuple[float, float, f
 def test_entropy_and_its_gradient(gaussian: Gaussian, device: str) -> None:
     th.manual_seed(SEED)
     dist = gaussian.make(N_SAMPLES, device)
-    params = [dist.distribution.loc, dist.bounded_log_std]
+    params = [dist.distribution.loc, log_std_handle(dist)]
     entropy = dist.entropy()
     entropy_gradients = gradients(entropy.sum(), params, retain_graph=True)
     # Monte Carlo of -log_prob at reparameterized samples
@@ -216,7 +226,7 @@ def test_analytic_kl_matches_monte_carlo(regime: Gaussian, mean_shift: float, lo
         old = regime.make(N_SAMPLES, device)
         old_params, old_log_prob = distribution_params(old), old.log_prob(samples)
     new = regime.make(N_SAMPLES, device, mean_shift, log_std_shift)
-    new_params = [new.distribution.loc, new.bounded_log_std]
+    new_params = [new.distribution.loc, log_std_handle(new)]
     kl = analytic_kl(old_params, new)
     kl_gradients = th.cat(th.autograd.grad(kl.sum(), new_params, retain_graph=True), dim=1)
     new_log_prob = new.log_prob(samples)
@@ -234,7 +244,7 @@ def test_kl_of_identical_parameters_is_zero_with_zero_gradient(regime: Gaussian,
         old_params = distribution_params(regime.make(8, device))
     new = regime.make(8, device)
     kl = analytic_kl(old_params, new)
-    gradients = th.autograd.grad(kl.sum(), [new.distribution.loc, new.bounded_log_std])
+    gradients = th.autograd.grad(kl.sum(), [new.distribution.loc, log_std_handle(new)])
     assert bool((kl == 0).all()) and all(bool((gradient == 0).all()) for gradient in gradients)
 
 

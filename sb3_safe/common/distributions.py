@@ -65,6 +65,9 @@ TANH_BOUND = float(np.float32(math.tanh(PRESQUASH_BOUND)))
 INNER_LIMIT = float(np.nextafter(np.float32(1.0), np.float32(0.0)))
 
 _LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
+#: Where torch_exact_gaussian_log_prob takes Normal's arithmetic: its backward divides by the variance squared
+_EXACT_LOG_STD_FLOOR = -20.0
+_EXACT_Z_LIMIT = 1e4
 _LOG_TANH_BOUND = math.log(TANH_BOUND)
 #: gSDE noise variances (float64) outside these come from features that carry no usable noise
 _SMALLEST_VARIANCE = math.exp(-2 * LOG_STD_LIMIT)
@@ -183,6 +186,29 @@ def gaussian_log_prob(values: th.Tensor, mean: th.Tensor, log_std: th.Tensor) ->
     return -0.5 * standardize(values, mean, log_std).square() - log_std - _LOG_SQRT_2PI
 
 
+def torch_exact_gaussian_log_prob(values: th.Tensor, normal: Normal, log_std: th.Tensor) -> th.Tensor:
+    """
+    :func:`gaussian_log_prob` with ``torch.distributions.Normal.log_prob``'s arithmetic (SB3's) wherever it and its
+    gradient are finite: bit for bit the stock value there (TRPO's conjugate-gradient solve amplifies any rounding
+    difference), :func:`gaussian_log_prob` elsewhere.
+
+    Normal's backward divides by the variance squared, which float32 holds down to a log-std of about -20; with the
+    z-score within :data:`_EXACT_Z_LIMIT` every intermediate stays finite. The inputs of the branch not taken are
+    replaced (by 0), so that its gradient is zero, never NaN.
+
+    :param values: where to evaluate the density
+    :param normal: the Gaussian, its scale ``exp(log_std)``
+    :param log_std: its log standard deviation (already bounded)
+    """
+    difference = values - normal.loc
+    exact = (log_std >= _EXACT_LOG_STD_FLOOR) & (difference.abs() <= _EXACT_Z_LIMIT * normal.scale)
+    exact_difference = th.where(exact, difference, 0.0)
+    scale = th.where(exact, normal.scale, 1.0)
+    # As Normal.log_prob computes it
+    stock = -(exact_difference**2) / (2 * scale**2) - scale.log() - math.log(math.sqrt(2 * math.pi))
+    return th.where(exact, stock, gaussian_log_prob(values, normal.loc, log_std))
+
+
 def log_tanh_jacobian(presquash: th.Tensor) -> th.Tensor:
     """
     ``log(1 - tanh(u)^2)``, computed as ``2 * (log 2 - u - softplus(-2u))``: exact and finite for every finite u.
@@ -289,15 +315,17 @@ class BoundedDiagGaussianDistribution(DiagGaussianDistribution):
         """
         check_finite("policy output mean", mean_actions, NONFINITE_OUTPUT_HINT)
         check_finite("policy log_std", log_std, NONFINITE_OUTPUT_HINT)
-        self.bounded_log_std = log_std.clamp(*self.log_std_range).expand_as(mean_actions)
-        self.distribution = Normal(mean_actions, self.bounded_log_std.exp(), validate_args=False)
+        bounded = log_std.clamp(*self.log_std_range)
+        self.bounded_log_std = bounded.expand_as(mean_actions)
+        # The std as SB3's DiagGaussianDistribution builds it (ones times exp): the same gradients, summed the same way
+        self.distribution = Normal(mean_actions, th.ones_like(mean_actions) * bounded.exp(), validate_args=False)
         return self
 
     def log_prob(self, actions: th.Tensor) -> th.Tensor:
         """
         :param actions: the actions whose log-probability to compute
         """
-        return sum_independent_dims(gaussian_log_prob(actions, self.distribution.mean, self.bounded_log_std))
+        return sum_independent_dims(torch_exact_gaussian_log_prob(actions, self.distribution, self.bounded_log_std))
 
 
 class SquashedBoundedGaussianDistribution(BoundedDiagGaussianDistribution):
