@@ -18,8 +18,8 @@ the std, i.e. std >= 1e-3 for the squashed Gaussian near its bound, and std >= ~
 
 import itertools
 import math
-from typing import Any
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pytest
