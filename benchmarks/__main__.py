@@ -4,7 +4,8 @@ coefficient around rl-zoo's tuned settings), stock SB3 vs sb3-safe in the same r
 
 Usage::
 
-    python -m benchmarks run overhead|learning|stress|robustness|adaptive_lr|critic|faults|mutation|reward_scale|no_stall|hostile|all
+    python -m benchmarks run
+        overhead|learning|stress|robustness|adaptive_lr|critic|faults|mutation|reward_scale|no_stall|hostile|all
         [--quick | --size tiny|quick|full] [--jobs N] [--out DIR] [--modules MODULE ...] [--mutants]
     python -m benchmarks report overhead|learning|...|mutation|all [--out DIR]  # from JSONL
 

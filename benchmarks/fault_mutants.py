@@ -90,8 +90,8 @@ DEFECTS: dict[str, Defect] = {
     ),
     "redo_after_a_fault_in_the_redo": Defect(
         _ADAPTIVE,
-        "                return  # a guard rolled the redo back or stopped training",
-        "                pass  # a guard rolled the redo back or stopped training",
+        "                return\n            kl = self._measure(pending)",
+        "                pass\n            kl = self._measure(pending)",
         "a fault in a redone step does not end the redos: the next redo undoes the guard's rollback or stop",
         "test_a_rollback_is_not_undone_by_a_redo_of_the_update_it_replaced",
     ),
@@ -115,8 +115,8 @@ DEFECTS: dict[str, Defect] = {
     ),
     "redo_leaves_training_mode": Defect(
         _ADAPTIVE,
-        "            if not at_end:\n                # SB3 set the next rollout up",
-        "            if False:\n                # SB3 set the next rollout up",
+        "def _set_up_rollout(model: OnPolicyAlgorithm) -> None:\n",
+        "def _set_up_rollout(model: OnPolicyAlgorithm) -> None:\n    return\n",
         "a redo leaves the next rollout in training mode, with gSDE noise of the discarded update",
         "test_a_redo_leaves_the_next_rollout_in_evaluation_mode_with_gsde_noise_of_the_kept_policy",
     ),
