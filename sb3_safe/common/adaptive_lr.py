@@ -449,17 +449,18 @@ class KLAdaptiveLRCallback(BaseCallback):
             redone = True
             self._redo(pending, cut, kl)
             if self._supervisor.stopping or self._supervisor.restored:
-                return  # a guard rolled the redo back or stopped training: this update is no longer the one measured
+                # A guard rolled the redo back or stopped training: this update is no longer the one measured; the
+                # redo trained the policy all the same
+                if not at_end:
+                    _set_up_rollout(model)
+                return
             kl = self._measure(pending)
             learning_rate = self._step_learning_rate()
             if kl is None:
                 break
         if redone:
             if not at_end:
-                # SB3 set the next rollout up (evaluation mode, gSDE's noise) before this redo trained the policy
-                model.policy.set_training_mode(False)
-                if model.use_sde:
-                    model.policy.reset_noise(model.env.num_envs if model.env is not None else 1)
+                _set_up_rollout(model)
             if not self.targets.keep_redo_rate and learning_rate > 0.0:
                 # The cut holds for that update only: the next ones run at the rate before it divided by max_step,
                 # or at the redo's where that is higher (a max_step above 2: a cut of 0.5 lowers less than it)
@@ -597,6 +598,16 @@ class KLAdaptiveLRCallback(BaseCallback):
         finally:
             buffer.__dict__.clear()
             buffer.__dict__.update(current)
+
+
+def _set_up_rollout(model: OnPolicyAlgorithm) -> None:
+    """
+    Set the next rollout up again as SB3 did before a redo trained the policy (evaluation mode, gSDE's noise): the
+    rollout has started (this runs at its start) and collects with what the redo left.
+    """
+    model.policy.set_training_mode(False)
+    if model.use_sde:
+        model.policy.reset_noise(model.env.num_envs if model.env is not None else 1)
 
 
 class TrainBatchRecorder:
