@@ -198,6 +198,24 @@ MODULES = (
     "sb3_safe/common/guard/locate.py",
     "sb3_safe/common/guard/watch.py",
 )
+_WHY_RESTORED = "`restored` is read only after rollout_end(), which sets it to False first (after_update and judge_update)"
+_WHY_TOTAL = "SB3's BaseAlgorithm sets `_total_timesteps` (0) in its constructor: getattr's default is never returned"
+#: Module mutants that change no behaviour, by row key (``module:operator:occurrence@source``), with why (the
+#: mutation benchmark's :data:`~benchmarks.mutation.EQUIVALENT` lists the first four at an earlier source)
+EQUIVALENT: dict[str, str] = {
+    f"{_SUPERVISOR}:core/RemoveDecorator:0@cf3f6345893e": (
+        "`Guard` is a typing Protocol (not runtime-checkable, never in isinstance): its `stopping` member is read only"
+        " on the guards, whose own `stopping` is a property; the Protocol's body never runs"
+    ),
+    f"{_SUPERVISOR}:core/ReplaceFalseWithTrue:0@cf3f6345893e": _WHY_RESTORED,
+    f"{_SUPERVISOR}:core/ReplaceFalseWithTrue:1@cf3f6345893e": _WHY_RESTORED,
+    f"{_SUPERVISOR}:core/ReplaceContinueWithBreak:0@cf3f6345893e": (
+        "in every algorithm SB3, sb3-contrib and sb3-safe ship the schedules read are callable but `clip_range_vf`"
+        " (PPO's family, the last name looped over), so no callable schedule follows a skipped one"
+    ),
+    f"{_SUPERVISOR}:core/NumberReplacer:0@cf3f6345893e": _WHY_TOTAL,
+    f"{_SUPERVISOR}:core/NumberReplacer:1@cf3f6345893e": _WHY_TOTAL,
+}
 #: The full set's seeds (``python -m benchmarks run faults``, size full)
 FULL_SEEDS = tuple(range(320))
 #: Each scenario's share of a mutant's timeout (seconds, on top of a fixed minute)
@@ -432,9 +450,9 @@ def run_job(job: Job) -> list[dict[str, Any]]:
 
 
 def _equivalent(row: dict[str, Any]) -> str | None:
-    """Why the mutation benchmark lists a module mutant as equivalent (no behaviour changes), if it does."""
-    return mutation.EQUIVALENT.get(f"{mutation.mutant_key(row['module'], row['operator'], row['occurrence'])}@"
-                                   f"{row['source']}")  # fmt: skip
+    """Why a module mutant changes no behaviour (this suite's list, or the mutation benchmark's), if it does not."""
+    key = f"{mutation.mutant_key(row['module'], row['operator'], row['occurrence'])}@{row['source']}"
+    return EQUIVALENT.get(key) or mutation.EQUIVALENT.get(key)
 
 
 def _whole_suite(module: str) -> str:
@@ -517,10 +535,16 @@ def report(out: Path) -> None:
                            f"{100 * killed / max(len(scored), 1):.1f} %", _whole_suite(module)])  # fmt: skip
         survivors += [row for row in scored if row["outcome"] != "killed"]
     lines += reports.table(
-        ["module", "mutants run", "scored", "killed", "equivalent (mutation benchmark)", "randomized suite",
+        ["module", "mutants run", "scored", "killed", "equivalent", "randomized suite",
          "whole suite (mutation.md): killed / scored (score)"],
         per_module,
     )  # fmt: skip
+    equivalent_rows = [row for row in module_rows if _equivalent(row)]
+    if equivalent_rows:
+        lines += ["", "## Equivalent module mutants (left out of the score)", ""]
+        for row in equivalent_rows:
+            change = mutation.diff(row["module"], row["operator"], row["occurrence"]).replace("\n", " / ")
+            lines.append(f"- `{row['module']}` line {row['line']}: `{change}`: {_equivalent(row)}")
     if survivors:
         lines += ["", "## Module mutants the randomized suite does not kill", ""]
         for row in survivors:
