@@ -15,10 +15,11 @@ import pickle
 import random
 import struct
 import zipfile
-import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+from benchmarks.zip_writer import zip_segments
 
 # ---------------------------------------------------------------------------------------------------------------
 # The grammar: pickle programs as expression trees, serialized opcode by opcode
@@ -314,63 +315,10 @@ def _records(raw: bytes, name: str) -> Iterator[int]:
         position = raw.find(b"PK\x01\x02", position + 4)
 
 
-def _deflated_zeros(size: int) -> bytes:
-    """Raw deflate of ``size`` zero bytes, one MiB compressed once."""
-    chunk = zlib.compressobj(9, zlib.DEFLATED, -15)
-    one = chunk.compress(bytes(2**20)) + chunk.flush(zlib.Z_FULL_FLUSH)
-    full, rest = divmod(size, 2**20)
-    tail = zlib.compressobj(9, zlib.DEFLATED, -15)
-    return one * full + tail.compress(bytes(rest)) + tail.flush(zlib.Z_FINISH)
-
-
 def _zip_with_zeros(entries: list[tuple[str, bytes]], zeros_name: str, zeros: int) -> bytes:
     """A zip of stored entries and one entry of ``zeros`` zero bytes, deflated (never held inflated)."""
-    out, directory, offset = bytearray(), bytearray(), 0
-    for name, content, deflated_size, crc, method in [
-        *((name, content, len(content), zlib.crc32(content), 0) for name, content in entries),
-        (zeros_name, _deflated_zeros(zeros), zeros, _zeros_crc(zeros), 8),
-    ]:
-        raw_name = name.encode()
-        header = struct.pack(
-            "<4s2B4HL2L2H", b"PK\x03\x04", 20, 0, 0, method, 0, 0x21, crc, len(content), deflated_size, len(raw_name), 0
-        )
-        directory += (
-            struct.pack(
-                "<4s4B4HL2L5H2L",
-                b"PK\x01\x02",
-                20,
-                3,
-                20,
-                0,
-                0,
-                method,
-                0,
-                0x21,
-                crc,
-                len(content),
-                deflated_size,
-                len(raw_name),
-                0,
-                0,
-                0,
-                0,
-                0o644 << 16,
-                offset,
-            )
-            + raw_name
-        )
-        out += header + raw_name + content
-        offset += len(header) + len(raw_name) + len(content)
-    count = len(entries) + 1
-    return bytes(out + directory + struct.pack("<4s4H2LH", b"PK\x05\x06", 0, 0, count, count, len(directory), offset, 0))
-
-
-def _zeros_crc(size: int) -> int:
-    crc, chunk = 0, bytes(2**20)
-    full, rest = divmod(size, 2**20)
-    for _ in range(full):
-        crc = zlib.crc32(chunk, crc)
-    return zlib.crc32(bytes(rest), crc)
+    segments = zip_segments([*((name, False, [content]) for name, content in entries), (zeros_name, True, [zeros])])
+    return b"".join(segment for segment in segments if isinstance(segment, bytes))
 
 
 def _torch_pickle(numel: int) -> bytes:

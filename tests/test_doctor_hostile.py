@@ -659,7 +659,7 @@ def test_decompression_bombs_are_refused_with_bounded_memory(model_zip: Path, tm
 
 def test_bomb_builder_writes_what_torch_reads(tmp_path: Path) -> None:
     """The bombs above are real: the same builder, for 10 values, is a torch file of 10 zeros (stored or deflated)."""
-    from zip_builders import write_segments
+    from benchmarks.zip_writer import write_segments
 
     for deflate in (False, True):
         path = write_segments(tmp_path / f"small_{deflate}.pth", torch_zip_of_zeros(10, deflate_record=deflate))
