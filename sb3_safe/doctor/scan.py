@@ -53,6 +53,16 @@ _OPCODE_BATCH = 4096
 PersistentIds = Literal["refuse", "torch zip", "torch legacy"]
 
 
+def python3_global(module: str, name: str, protocol: int) -> "PickleGlobal":
+    """The global a pickle names, with Python 2's names mapped to Python 3's below protocol 3, as the unpickler maps them."""
+    if protocol < 3:
+        if (module, name) in _compat_pickle.NAME_MAPPING:
+            module, name = _compat_pickle.NAME_MAPPING[(module, name)]
+        elif module in _compat_pickle.IMPORT_MAPPING:
+            module = _compat_pickle.IMPORT_MAPPING[module]
+    return PickleGlobal(module, name)
+
+
 def printable(text: str) -> str:
     """``text`` with control characters escaped: names from a file must not move the terminal's cursor or add lines."""
     return text if text.isprintable() else text.encode("unicode_escape").decode("ascii")
@@ -218,12 +228,7 @@ class _Machine:
             what = "module and name" if built else "a module or name that is not a string"
             self.flag("a STACK_GLOBAL that cannot be resolved statically", f"{what} computed while loading")
             return _Built()
-        if self.protocol < 3:
-            if (module, name) in _compat_pickle.NAME_MAPPING:
-                module, name = _compat_pickle.NAME_MAPPING[(module, name)]
-            elif module in _compat_pickle.IMPORT_MAPPING:
-                module = _compat_pickle.IMPORT_MAPPING[module]
-        found = PickleGlobal(module, name)
+        found = python3_global(module, name, self.protocol)
         if found not in self.scan.references:
             self.scan.references.append(found)
         return found

@@ -25,7 +25,6 @@ It is :class:`pickle._Unpickler`, Python's own unpickler written in Python (the 
 ``find_class``), with those opcodes replaced: slower, which matters little for the small pickles of a model's data.
 """
 
-import _compat_pickle
 import importlib
 import io
 import math
@@ -39,7 +38,7 @@ import torch as th
 
 from sb3_safe.doctor.allowlist import Allowlist
 from sb3_safe.doctor.budget import ReadingBudget
-from sb3_safe.doctor.scan import Finding, PickleGlobal, empty_shape_problem
+from sb3_safe.doctor.scan import Finding, PickleGlobal, empty_shape_problem, python3_global
 
 #: numpy's reconstructor of arrays, by name
 _NUMPY_RECONSTRUCT = frozenset({"numpy._core.multiarray._reconstruct", "numpy.core.multiarray._reconstruct"})
@@ -92,13 +91,9 @@ class RestrictedUnpickler(pickle._Unpickler):
         return RefusedGlobal(Finding(self.entry, target, detail))
 
     def find_class(self, module: str, name: str) -> Any:
-        if self.proto < 3:
-            # As the unpickler maps Python 2's names (the scan checks the mapped names too)
-            if (module, name) in _compat_pickle.NAME_MAPPING:
-                module, name = _compat_pickle.NAME_MAPPING[(module, name)]
-            elif module in _compat_pickle.IMPORT_MAPPING:
-                module = _compat_pickle.IMPORT_MAPPING[module]
-        found = PickleGlobal(module, name)
+        # As the unpickler maps Python 2's names (the scan checks the mapped names too)
+        found = python3_global(module, name, self.proto)
+        module, name = found.module, found.name
         if not self.rules.may_reference(found):
             raise self.refuse(str(found), self.rules.describe(found) or "the pickle imports it")
         # may_reference allows plain names only: no attribute path to follow
