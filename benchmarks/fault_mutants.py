@@ -199,6 +199,10 @@ MODULES = (
     "sb3_safe/common/guard/watch.py",
 )
 _WHY_RESTORED = "`restored` is read only after rollout_end(), which sets it to False first (after_update and judge_update)"
+_WHY_POSITIVE_RATE = (
+    "the rate after a redo is positive (a redo needs a cut below 1, which a rate of 0 never gets, and runs at the same"
+    " progress): `learning_rate > 0.0`, `>= 0.0` and `> -1.0` agree (see the unreachable defect)"
+)
 _WHY_TOTAL = "SB3's BaseAlgorithm sets `_total_timesteps` (0) in its constructor: getattr's default is never returned"
 #: Module mutants that change no behaviour, by row key (``module:operator:occurrence@source``), with why (the
 #: mutation benchmark's :data:`~benchmarks.mutation.EQUIVALENT` lists the first four at an earlier source)
@@ -215,6 +219,11 @@ EQUIVALENT: dict[str, str] = {
     ),
     f"{_SUPERVISOR}:core/NumberReplacer:0@cf3f6345893e": _WHY_TOTAL,
     f"{_SUPERVISOR}:core/NumberReplacer:1@cf3f6345893e": _WHY_TOTAL,
+    f"{_ADAPTIVE}:core/ReplaceComparisonOperator_Gt_GtE:2@c5097dd41b82": _WHY_POSITIVE_RATE,
+    f"{_ADAPTIVE}:core/NumberReplacer:97@c5097dd41b82": _WHY_POSITIVE_RATE,
+    f"{_ADAPTIVE}:core/NumberReplacer:57@c5097dd41b82": (
+        "the initial `_factor` is a dead store: judge_update sets it to 1 before anything multiplies or logs it"
+    ),
 }
 #: The full set's seeds (``python -m benchmarks run faults``, size full)
 FULL_SEEDS = tuple(range(320))

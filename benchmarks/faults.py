@@ -24,11 +24,12 @@ no redo follows a guard's restore in its update;
 (iv) no non-finite value reaches an optimizer step or a torch distribution unreported (no exception escapes but the
 guard's own in ``"raise"`` mode; a non-finite parameter or gradient at a step has a guard event at that timestep; the
 model at every rollout start is finite); (v) one event and one message per fault (a warning per event that does not
-raise, none when it raises); (vi) a new ``learn()`` and a loaded model run the configured schedule times the saved
-scale (inside the bounds where an adaptive learning rate set them), and ``learning_rate`` stays the configured one;
-(vii) the update and skip counts describe the kept updates (an update redone counts once) and the redo count is the
-number of redos; (viii) every rollout collects with the policy in evaluation mode, as SB3 sets it up (also after a
-redo).
+raise, none when it raises), and a schedule read past the end of the budget named once, only where it would turn
+negative; (vi) a new ``learn()`` and a loaded model run the configured schedule times the saved scale (inside the
+bounds where an adaptive learning rate set them), ``learning_rate`` stays the configured one, and the model holds its
+own schedules after ``learn()``; (vii) the update and skip counts describe the kept updates (an update redone counts
+once), the redo count is the number of redos, and under the aimed scenarios' KL target an update is redone;
+(viii) every rollout collects with the policy in evaluation mode, as SB3 sets it up (also after a redo).
 
 Whether these scenarios and invariants find the defects they exist for is measured by re-introducing them:
 ``python -m benchmarks run faults --mutants`` (:mod:`benchmarks.fault_mutants`).
@@ -43,6 +44,7 @@ import dataclasses
 import hashlib
 import math
 import random
+import re
 import sys
 import tempfile
 import time
@@ -90,6 +92,12 @@ ENVIRONMENT_FAULTS = ("nan_obs", "nan_terminal_obs", "nan_reward")
 LEARNING_RATE = {"PPO": 1e-3, "KLAdaptivePPO": 1e-3, "MaskablePPO": 1e-3, "RecurrentPPO": 1e-3, "A2C": 2e-3,
                  "SafeA2C": 2e-3, "SAC": 1e-3, "DQN": 1e-3}  # fmt: skip
 INVARIANTS = ("i", "ii", "iii", "iv", "v", "vi", "vii", "viii")
+#: The schedules SB3's on-policy algorithms read at each update
+SB3_SCHEDULES = ("lr_schedule", "clip_range", "clip_range_vf")
+#: What the warning that names a schedule read past the end of the budget says
+PAST_END = re.compile(
+    r"^\S+\.(\S+) .* is (\S+) at progress (\S+): the last rollout ends at timestep (\d+), past the budget (\d+)"
+)
 
 
 @dataclass(frozen=True)
@@ -387,6 +395,10 @@ class Record:
     scales: list[float] = field(default_factory=list)
     #: rollouts whose first step ran with the policy in training mode (SB3 collects in evaluation mode)
     rollouts_in_training_mode: int = 0
+    #: the warnings that name a schedule read past the end of the budget, one list per model object
+    past_end_warnings: list[list[str]] = field(default_factory=list)
+    #: the schedules a model held after a learn() that were not its own (a stand-in left in place)
+    stand_ins_left: list[str] = field(default_factory=list)
 
 
 class Probe:
@@ -677,14 +689,24 @@ def run(scenario: Scenario) -> Outcome:
 
     def learn(current: Any, steps: int, **kwargs: Any) -> None:
         probe.attach(current, the_adaptive(current))
+        if probe.model is not models[-1]:
+            models.append(probe.model)
+            record.past_end_warnings.append([])
+        seen = len(caught)
         try:
             current.learn(steps, callback=callbacks(), **kwargs)
         finally:
             if probe.adaptive is not None:
                 redone[0] += probe.adaptive.redone_updates  # (per learn())
+            past_end = [str(w.message) for w in caught[seen:] if "past the budget" in str(w.message)]
+            record.past_end_warnings[-1] += past_end
+            record.stand_ins_left += [
+                name for name in SB3_SCHEDULES if type(getattr(current, name, None)).__name__ == "ReadFromZero"
+            ]
 
     raised = crashed = None
     first, second = budgets(scenario)
+    models: list[Any] = [None]
     with instrumented(probe), warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
@@ -875,16 +897,52 @@ def check(outcome: Outcome) -> dict[str, list[str]]:
     expected = [] if s.algo in ("KLAdaptivePPO", "SafeA2C") else ["stall"]
     if s.fault == "rewards_1e30" and s.guarded and dense and kinds != expected:
         violations["v"].append(f"rewards x1e30: events {[f'{e.source}/{e.action}' for e in outcome.events]}")
+    violations["v"] += past_end_problems(record.past_end_warnings)
+    # The guard alone on a stock algorithm's linear schedule read past the end, nothing restored (the scale of 1 leaves
+    # SB3's schedule, which goes negative there): sb3-safe reads it at 0 and names it (its own algorithms clamp the
+    # progress themselves)
+    untouched = (
+        s.callbacks == "guard" and s.algo not in WITH_OPTION and not outcome.events and record.scales[-1:] in ([], [1.0])
+    )
+    if s.schedule == "past_end" and untouched and outcome.crashed is None and not record.past_end_warnings[0]:
+        violations["v"].append("the linear schedule read past the end of the budget is not named")
     # (vi) schedules
     violations["vi"] += outcome.schedule_checks
+    if outcome.raised is None:  # (an exception out of learn() leaves the update's stand-ins in place)
+        violations["vi"] += [f"{name} is a stand-in after learn()" for name in record.stand_ins_left]
     # (vii) counters
     violations["vii"] += outcome.counter_checks
     if outcome.redone_updates != record.redo_calls:
         violations["vii"].append(f"redone_updates {outcome.redone_updates} for {record.redo_calls} redos")
+    # The aimed scenarios' target (1e-6) is far below the KL of a first update at the configured rate: one is redone
+    if s.aim in ("fault_in_redo", "after_redo", "after_rollback", "last_update") and not record.redo_calls:
+        violations["vii"].append("no update redone under a KL target the first updates exceed")
     # (viii) each rollout collects with the policy in evaluation mode, as SB3 sets it up, also after a redo
     if record.rollouts_in_training_mode:
         violations["viii"].append(f"{record.rollouts_in_training_mode} rollout(s) collected in training mode")
     return violations
+
+
+def past_end_problems(messages_per_model: list[list[str]]) -> list[str]:
+    """
+    (v) A schedule read past the end of the budget is named once per model, and only if it would turn negative: its
+    value below 0 at SB3's progress, which is 1 - timestep / budget, below 0.
+    """
+    problems = []
+    for messages in messages_per_model:
+        named = [PAST_END.match(message) for message in messages]
+        problems += [
+            f"an unreadable past-the-end warning: {m[:80]}" for m, found in zip(messages, named, strict=True) if not found
+        ]
+        names = [found[1] for found in named if found]
+        problems += [f"{name} named {names.count(name)} times" for name in sorted(set(names)) if names.count(name) > 1]
+        for found in filter(None, named):
+            value, progress, timestep, total = float(found[2]), float(found[3]), int(found[4]), int(found[5])
+            if not value < 0.0:
+                problems.append(f"{found[1]} named past the end at {value:.3g}, not negative")
+            if not (timestep > total and math.isclose(progress, 1.0 - timestep / total, rel_tol=1e-3, abs_tol=1e-6)):
+                problems.append(f"{found[1]} named at progress {progress:.4g}, timestep {timestep} of {total}")
+    return problems
 
 
 # ----- the suite -----
@@ -941,8 +999,9 @@ def report(out: Path) -> None:
             "Invariants: (i) learning rate >= 0 and inside the bounds, clip range >= 0, a redo at a lower rate; (ii) a"
             " stop keeps in memory the saved, healthy, kept, loadable model; (iii) a rollback restores a kept state, at"
             " most the healthy scale x lr_decay, and is not redone; (iv) nothing non-finite unreported; (v) one event"
-            " and one message per fault; (vi) the saved schedule is the configured one times the saved scale, in its"
-            " bounds; (vii) counts of kept updates; (viii) rollouts collect in evaluation mode.",
+            " and one message per fault, a schedule read past the end named once where it would turn negative; (vi) the"
+            " saved schedule is the configured one times the saved scale, in its bounds, no stand-in left after learn();"
+            " (vii) counts of kept updates and redos; (viii) rollouts collect in evaluation mode.",
             "Aims: random (everything drawn), or aimed at the supervisor's defects: a fault inside a redo"
             " (fault_in_redo), in the update after a redo (after_redo), in an update judged far from the healthy copy"
             " (after_rollback), in the last update of a learn() (last_update); the adaptive lr at its lower bound"
