@@ -426,7 +426,8 @@ def test_wrappers_of_your_own_need_trust(
     monkeypatch.syspath_prepend(str(tmp_path))
     (tmp_path / "my_wrappers.py").write_text("import gymnasium as gym\n\n\nclass Same(gym.Wrapper):\n    pass\n")
     (tmp_path / "conf.yml").write_text(
-        "CartPole-v1:\n  n_timesteps: 64\n  policy: MlpPolicy\n  n_steps: 32\n  batch_size: 32\n  env_wrapper: my_wrappers.Same\n"
+        "CartPole-v1:\n  n_timesteps: 64\n  policy: MlpPolicy\n  n_steps: 32\n  batch_size: 32\n"
+        "  env_wrapper: my_wrappers.Same\n"
     )
     train = ["train", "--algo", "ppo", "--env", "CartPole-v1", "-conf", "conf.yml", "--eval-episodes", "1"]
     assert main([*train, "--seed", "1", "--num-threads", "1"]) == 0

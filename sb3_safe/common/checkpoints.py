@@ -46,6 +46,9 @@ class _NameEverything:
     def describe(self, found: Any) -> str | None:
         return None
 
+    def may_initialize(self, found: Any) -> bool:
+        return True
+
 
 def read_checkpoint_data(path: str | pathlib.Path | io.BufferedIOBase) -> dict[str, Any] | None:
     """
