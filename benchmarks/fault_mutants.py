@@ -1,8 +1,8 @@
 """
 Does the randomized fault injection (:mod:`benchmarks.faults`) find what it was built to find? The claim "N random
 fault scenarios, 0 violations" means something only if the same scenarios and invariants report the defects they
-exist for. This suite re-introduces each defect of the one-supervisor issue (issue 36: :data:`DEFECTS`, each a named
-source patch of sb3-safe) and the mutation benchmark's mutants (:mod:`benchmarks.mutation`'s operators) of the
+exist for. This suite re-introduces each defect the guard and the adaptive learning rate had before they became one
+supervisor (:data:`DEFECTS`, each a named source patch of sb3-safe) and the mutation benchmark's mutants (:mod:`benchmarks.mutation`'s operators) of the
 supervisor, the guard, the adaptive learning rate and the schedules (:data:`MODULES`), and runs the randomized suite
 alone against each, in a forked process that imports the mutated sb3-safe (the checkout is never written to).
 
@@ -40,7 +40,7 @@ from benchmarks.configs import ROOT
 
 @dataclass(frozen=True)
 class Defect:
-    """A defect of issue 36 as a source patch: ``code`` in ``module`` replaced by ``mutated``."""
+    """A defect of the supervisor as a source patch: ``code`` in ``module`` replaced by ``mutated``."""
 
     module: str
     code: str
@@ -70,7 +70,7 @@ _GUARDS_THEN_JUDGES = """            for guard in self.guards:
                 else:
                     judge.judge_update(at_end)
 """
-#: The defects of the one-supervisor issue (the changelog's list under issue 36), each re-introduced
+#: The defects fixed when the guard and the adaptive lr became one supervisor (the changelog lists them), each re-introduced
 DEFECTS: dict[str, Defect] = {
     "judge_after_restore": Defect(
         _SUPERVISOR,
@@ -493,8 +493,8 @@ def report(out: Path) -> None:
         "Does the randomized fault injection find the defects it was built for?",
         meta,
         [
-            f"Defects: the {len(DEFECTS)} defects of the one-supervisor issue (issue 36, `benchmarks/fault_mutants.py`,"
-            " `DEFECTS`), each re-introduced as a source patch in a forked process; the randomized suite alone"
+            f"Defects: the {len(DEFECTS)} defects fixed when the guard and the adaptive lr became one supervisor"
+            " (`benchmarks/fault_mutants.py`, `DEFECTS`), each re-introduced as a source patch in a forked process; the randomized suite alone"
             f" (`benchmarks/faults.py`) runs against each: the test suite's {len(faults.TEST_SEEDS)} fixed scenarios"
             f" all (seeds {faults.TEST_SEEDS[0]}-{faults.TEST_SEEDS[-1]}, `tests/test_faults.py`), the full set's"
             f" {len(FULL_SEEDS)} up to the first violation.",

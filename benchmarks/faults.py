@@ -1,5 +1,5 @@
 """
-Randomized fault injection: the guard and the adaptive learning rate as one supervisor of each update (issue 36),
+Randomized fault injection: the guard and the adaptive learning rate as one supervisor of each update,
 checked by invariants over scenarios generated from a seed, as Jepsen and Hypothesis's stateful tests check a system
 rather than one case per bug.
 
