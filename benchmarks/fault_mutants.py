@@ -2,8 +2,8 @@
 Does the randomized fault injection (:mod:`benchmarks.faults`) find what it was built to find? The claim "N random
 fault scenarios, 0 violations" means something only if the same scenarios and invariants report the defects they
 exist for. This suite re-introduces each defect the guard and the adaptive learning rate had before they became one
-supervisor (:data:`DEFECTS`, each a named source patch of sb3-safe) and the mutation benchmark's mutants (:mod:`benchmarks.mutation`'s operators) of the
-supervisor, the guard, the adaptive learning rate and the schedules (:data:`MODULES`), and runs the randomized suite
+supervisor (:data:`DEFECTS`, each a named source patch of sb3-safe) and the mutation benchmark's mutants
+(:mod:`benchmarks.mutation`'s operators) of the supervisor, the guard, the adaptive learning rate and the schedules (:data:`MODULES`), and runs the randomized suite
 alone against each, in a forked process that imports the mutated sb3-safe (the checkout is never written to).
 
 - a defect runs the test suite's fixed scenarios (``faults.TEST_SEEDS``) all, and the full set's (seeds 0-319) up to
@@ -494,7 +494,8 @@ def report(out: Path) -> None:
         meta,
         [
             f"Defects: the {len(DEFECTS)} defects fixed when the guard and the adaptive lr became one supervisor"
-            " (`benchmarks/fault_mutants.py`, `DEFECTS`), each re-introduced as a source patch in a forked process; the randomized suite alone"
+            " (`benchmarks/fault_mutants.py`, `DEFECTS`), each re-introduced as a source patch in a forked process;"
+            " the randomized suite alone"
             f" (`benchmarks/faults.py`) runs against each: the test suite's {len(faults.TEST_SEEDS)} fixed scenarios"
             f" all (seeds {faults.TEST_SEEDS[0]}-{faults.TEST_SEEDS[-1]}, `tests/test_faults.py`), the full set's"
             f" {len(FULL_SEEDS)} up to the first violation.",
