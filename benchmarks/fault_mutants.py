@@ -1,10 +1,11 @@
 """
 Does the randomized fault injection (:mod:`benchmarks.faults`) find what it was built to find? The claim "N random
-fault scenarios, 0 violations" means something only if the same scenarios and invariants report the defects they
-exist for. This suite re-introduces each defect the guard and the adaptive learning rate had before they became one
+fault scenarios, 0 violations" means something only if the same scenarios and invariants report the defects they exist
+for. This suite re-introduces each defect the guard and the adaptive learning rate had before they became one
 supervisor (:data:`DEFECTS`, each a named source patch of sb3-safe) and the mutation benchmark's mutants
 (:mod:`benchmarks.mutation`'s operators) of the supervisor, the guard, the adaptive learning rate and the schedules
-(:data:`MODULES`), and runs the randomized suite alone against each, in a forked process that imports the mutated sb3-safe (the checkout is never written to).
+(:data:`MODULES`), and runs the randomized suite alone against each, in a forked process that imports the mutated
+sb3-safe (the checkout is never written to).
 
 - a defect runs the test suite's fixed scenarios (``faults.TEST_SEEDS``) all, and the full set's (seeds 0-319) up to
   the first that reports a violation: it is *detected* when one does;
