@@ -62,7 +62,11 @@ class SizeLimits:
 
 
 def size_text(size: int) -> str:
-    """A size in KiB, MiB or GiB."""
+    """
+    A size in KiB, MiB or GiB.
+
+    :param size: bytes
+    """
     if size < MIB:
         return f"{size / 2**10:.1f} KiB"
     return f"{size / MIB:.1f} MiB" if size < 10 * 2**30 else f"{size / 2**30:.1f} GiB"
@@ -83,7 +87,13 @@ class ReadingBudget:
         self.opcodes = 0
 
     def charge_bytes(self, size: int, entry: str) -> None:
-        """Charge ``size`` bytes held for ``entry``."""
+        """
+        Charge ``size`` bytes held for ``entry``.
+
+        :param size: bytes
+        :param entry: what holds them, for the message
+        :raises BudgetExceeded: beyond ``limits.total`` in all
+        """
         self.bytes += size
         if self.bytes > self.limits.total:
             raise BudgetExceeded(
@@ -92,7 +102,13 @@ class ReadingBudget:
             )
 
     def charge_values(self, count: int, entry: str) -> None:
-        """Charge ``count`` values searched in a call's arguments in ``entry``."""
+        """
+        Charge ``count`` values searched in a call's arguments in ``entry``.
+
+        :param count: values
+        :param entry: the pickle's entry, for the message
+        :raises BudgetExceeded: beyond ``limits.values`` in all
+        """
         self.values += count
         if self.values > self.limits.values:
             raise BudgetExceeded(
@@ -101,7 +117,12 @@ class ReadingBudget:
             )
 
     def charge_call(self, entry: str) -> None:
-        """Charge one call made by a pickle of ``entry``."""
+        """
+        Charge one call made by a pickle of ``entry``.
+
+        :param entry: the pickle's entry, for the message
+        :raises BudgetExceeded: beyond ``limits.calls`` in all
+        """
         self.calls += 1
         if self.calls > self.limits.calls:
             raise BudgetExceeded(
@@ -109,7 +130,13 @@ class ReadingBudget:
             )
 
     def charge_opcodes(self, count: int, entry: str) -> None:
-        """Charge ``count`` opcodes read from a pickle of ``entry``."""
+        """
+        Charge ``count`` opcodes read from a pickle of ``entry``.
+
+        :param count: opcodes
+        :param entry: the pickle's entry, for the message
+        :raises BudgetExceeded: beyond ``limits.opcodes`` in all
+        """
         self.opcodes += count
         if self.opcodes > self.limits.opcodes:
             raise BudgetExceeded(

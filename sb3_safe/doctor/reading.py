@@ -38,7 +38,11 @@ REQUIRED_ENTRIES = (("policy.pth", "the policy's tensors"), ("data", "the model'
 
 
 class RefusedPickle(Exception):
-    """The unpickler refused what the scan let pass: a check only the built objects allow; ``finding`` says what."""
+    """
+    The unpickler refused what the scan let pass: a check only the built objects allow.
+
+    :param finding: what it refused
+    """
 
     def __init__(self, finding: Finding) -> None:
         super().__init__(str(finding))
@@ -72,7 +76,11 @@ _MAX_QUOTED = 200
 
 
 def first_line(error: BaseException) -> str:
-    """The error's type and the first line of its message, cut to a readable length."""
+    """
+    The error's type and the first line of its message, cut to a readable length.
+
+    :param error: the error
+    """
     message = (str(error).strip().splitlines() or [""])[0]
     if len(message) > _MAX_QUOTED:
         message = message[:_MAX_QUOTED] + "..."
@@ -91,7 +99,12 @@ def _unprefixed(name: str) -> Iterator[None]:
 
 
 def parse_data(raw: bytes) -> dict[str, Any]:
-    """The ``data`` entry as SB3's ``load`` reads it: UTF-8 JSON of an object."""
+    """
+    The ``data`` entry as SB3's ``load`` reads it: UTF-8 JSON of an object.
+
+    :param raw: the entry's bytes
+    :raises UnreadableModelError: for bytes that are not UTF-8 JSON of an object
+    """
     try:
         data = json.loads(raw.decode())
     except UnicodeDecodeError:
@@ -109,6 +122,10 @@ def unpickle(pickle: bytes, entry: str, rules: Allowlist, budget: ReadingBudget)
     """
     The object of a pickle the scan passed, built by the restricted unpickler.
 
+    :param pickle: the pickle
+    :param entry: where it is, for the messages
+    :param rules: the allowlist
+    :param budget: charged with its calls and the values searched in their arguments
     :raises RefusedPickle: for what the unpickler refuses (never reached for a pickle the scan passed)
     :raises BudgetExceeded: beyond the budget
     :raises UnreadableModelError: for a pickle the unpickler stops in (an allowlisted call that fails)
@@ -193,7 +210,14 @@ def read_model(
 
 
 def check_pickle_size(size: int, entry: str, limits: SizeLimits) -> None:
-    """Refuse a pickle file beyond the limit of one entry (as doctor, before reading it)."""
+    """
+    Refuse a pickle file beyond the limit of one entry (as doctor, before reading it).
+
+    :param size: its size in bytes
+    :param entry: its name, for the message
+    :param limits: the limits
+    :raises UnreadableModelError: beyond ``limits.entry``
+    """
     if size > limits.entry:
         raise UnreadableModelError(
             f"{entry}: a pickle of {size_text(size)}, beyond the limit of {size_text(limits.entry)} per entry "
@@ -206,6 +230,10 @@ def read_pickle(raw: bytes, entry: str, rules: Allowlist, budget: ReadingBudget)
     Read a pickle file SB3 writes besides model zips (``vecnormalize.pkl``, a replay buffer): scanned, then unpickled
     by the restricted unpickler if the scan found nothing.
 
+    :param raw: the pickle file's bytes
+    :param entry: its name, for the messages
+    :param rules: the allowlist
+    :param budget: the file's budget
     :return: the scan's report, and the object (None when the report has findings or problems)
     :raises BudgetExceeded: beyond the budget; RefusedPickle, UnreadableModelError as :func:`unpickle`
     """
