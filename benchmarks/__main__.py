@@ -15,8 +15,8 @@ Wall time with ``--jobs 2`` on the 2 shared CPU cores of the committed results: 
 suites (measured before the sb3-contrib families were added, quiet machine); full 35.9 min (stress), 39.1 min
 (learning), 40.6 min (overhead) for 0.2.0's variants, as written in each report. With other jobs on the machine
 (load 6 on 2 cores was seen here) up to three times that. The robustness suite (not in those figures) is the
-longest: its full size took 4.7 h wall with ``--jobs 2`` (summed over the four sessions it ran in; see
-``benchmarks/robustness.py``), so ``run all`` at full size takes hours; it is resumable: rerun the same command
+longest: its full size took 4.7 h wall with ``--jobs 2`` (summed over the four runs it was resumed in;
+see ``benchmarks/robustness.py``), so ``run all`` at full size takes hours; it is resumable: rerun the same command
 (same ``--out``) after an interruption and it runs only the jobs whose rows are not in its JSONL yet. The critic
 suite (24 runs) took 5.1 min on free cores.
 """
