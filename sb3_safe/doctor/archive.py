@@ -95,7 +95,7 @@ def open_archive(file: IO[bytes], name: str, budget: ReadingBudget) -> zipfile.Z
     try:
         archive = zipfile.ZipFile(file)
     except (zipfile.BadZipFile, zlib.error, ValueError, OSError, EOFError, struct.error) as error:
-        raise UnreadableModelError(f"{name}: a damaged zip archive ({_first_line(error)})") from None
+        raise UnreadableModelError(f"{name}: a damaged zip archive ({first_line(error)})") from None
     starts = [info.header_offset for info in archive.infolist()]
     if starts and min(starts) != 0:
         # A model zip (and a torch file) starts with its first entry. A directory that starts later is that of a
@@ -143,9 +143,20 @@ def read_entry(archive: zipfile.ZipFile, entry: str, name: str | None = None) ->
     except (zipfile.BadZipFile, zlib.error, ValueError, OSError, EOFError, NotImplementedError, RuntimeError) as error:
         # RuntimeError: encrypted; NotImplementedError: a compression method zipfile does not have
         where = "" if name is None else f"{name}: "
-        raise UnreadableModelError(f"{where}cannot read entry {printable(entry)} ({_first_line(error)})") from None
+        raise UnreadableModelError(f"{where}cannot read entry {printable(entry)} ({first_line(error)})") from None
 
 
-def _first_line(error: BaseException) -> str:
-    message = str(error).strip()
-    return printable(f"{type(error).__name__}: {message.splitlines()[0]}" if message else type(error).__name__)
+#: Most characters of an error message quoted in a refusal (errors of numpy and torch can repr a whole argument)
+_MAX_QUOTED = 200
+
+
+def first_line(error: BaseException) -> str:
+    """
+    The error's type and the first line of its message, cut to a readable length, control characters escaped.
+
+    :param error: the error
+    """
+    message = (str(error).strip().splitlines() or [""])[0]
+    if len(message) > _MAX_QUOTED:
+        message = message[:_MAX_QUOTED] + "..."
+    return printable(f"{type(error).__name__}: {message}" if message else type(error).__name__)

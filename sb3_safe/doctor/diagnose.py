@@ -18,12 +18,12 @@ from sb3_safe.common.distributions import DEFAULT_LOG_STD_RANGE
 from sb3_safe.common.policies import SafeActorCriticPolicy, SafeCnnPolicy, SafeMultiInputPolicy
 from sb3_safe.common.recurrent import SafeCnnLstmPolicy, SafeMultiInputLstmPolicy, SafeRecurrentActorCriticPolicy
 from sb3_safe.doctor.allowlist import Allowlist
-from sb3_safe.doctor.archive import open_archive, read_entry
+from sb3_safe.doctor.archive import first_line, open_archive, read_entry
 from sb3_safe.doctor.budget import ReadingBudget, SizeLimits, UnreadableModelError
 from sb3_safe.doctor.pickles import data_item_entry, data_pickles
 from sb3_safe.doctor.reading import RefusedPickle, check_pickle_size, parse_data, read_model, read_pickle
 from sb3_safe.doctor.report import DoctorReport, StoredFunction
-from sb3_safe.doctor.scan import PickleScan, printable
+from sb3_safe.doctor.scan import PickleScan
 from sb3_safe.doctor.tensors import VARIABLE_ENTRIES, check_state_dict, check_tensors, check_variables, load_torch_entry
 
 EXIT_HEALTHY = 0
@@ -328,10 +328,8 @@ def run_doctor(
         if dis is not None:
             return EXIT_HEALTHY
     except Exception as error:  # a file no check above foresaw: still one line, never a traceback
-        message = printable((str(error).strip().splitlines() or [""])[0])
         print(
-            f"sb3-safe doctor: error: {path}: cannot read it (an error in doctor, please report it: "
-            f"{type(error).__name__}: {message})",
+            f"sb3-safe doctor: error: {path}: cannot read it (an error in doctor, please report it: {first_line(error)})",
             file=err,
         )
         return EXIT_UNREADABLE

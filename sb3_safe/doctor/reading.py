@@ -16,7 +16,6 @@ A model zip is read in four steps, each charged to the file's :class:`~sb3_safe.
 """
 
 import contextlib
-import io
 import json
 import os
 from collections.abc import Callable, Collection, Iterator
@@ -26,11 +25,11 @@ from typing import IO, Any
 import torch as th
 
 from sb3_safe.doctor.allowlist import Allowlist
-from sb3_safe.doctor.archive import open_archive, read_entry
+from sb3_safe.doctor.archive import first_line, open_archive, read_entry
 from sb3_safe.doctor.budget import BudgetExceeded, ReadingBudget, SizeLimits, UnreadableModelError, size_text
 from sb3_safe.doctor.pickles import PickleReport, data_item_entry, data_pickles, scan_data, scan_pickle_file, scan_torch_entry
 from sb3_safe.doctor.scan import Finding, PickleScan, printable
-from sb3_safe.doctor.tensors import VARIABLE_ENTRIES, check_sizes, check_state_dict, check_variables
+from sb3_safe.doctor.tensors import VARIABLE_ENTRIES, check_sizes, check_state_dict, check_variables, load_torch_entry
 from sb3_safe.doctor.unpickler import RefusedGlobal, restricted_loads
 
 #: The entries a model zip must have: what SB3's ``load`` reads
@@ -69,22 +68,6 @@ class ModelContents:
     objects: dict[str, Any] = field(default_factory=dict)
     tensors: dict[str, Any] = field(default_factory=dict)
     torch_entries: dict[str, bytes] = field(default_factory=dict)
-
-
-#: Most characters of an error message quoted in a refusal (errors of numpy and torch can repr a whole argument)
-_MAX_QUOTED = 200
-
-
-def first_line(error: BaseException) -> str:
-    """
-    The error's type and the first line of its message, cut to a readable length.
-
-    :param error: the error
-    """
-    message = (str(error).strip().splitlines() or [""])[0]
-    if len(message) > _MAX_QUOTED:
-        message = message[:_MAX_QUOTED] + "..."
-    return f"{type(error).__name__}: {message}" if message else type(error).__name__
 
 
 @contextlib.contextmanager
@@ -137,16 +120,13 @@ def unpickle(pickle: bytes, entry: str, rules: Allowlist, budget: ReadingBudget)
     except BudgetExceeded as exceeded:
         refusal = exceeded
     except Exception as error:  # a pickle the scan read to its end, yet the unpickler stops in: one line all the same
-        refusal = UnreadableModelError(printable(f"{entry}: cannot be unpickled ({first_line(error)})"))
+        refusal = UnreadableModelError(f"{printable(entry)}: cannot be unpickled ({first_line(error)})")
     # Raised here, outside the handlers: no frame of the unpickler is chained to it
     raise refusal
 
 
 def _load_tensors(raw: bytes, entry: str, map_location: th.device | str) -> Any:
-    try:
-        loaded = th.load(io.BytesIO(raw), map_location=map_location, weights_only=True)
-    except Exception as error:  # torch raises many types for a damaged file
-        raise UnreadableModelError(printable(f"{entry}: cannot load its tensors ({first_line(error)})")) from None
+    loaded = load_torch_entry(raw, entry, map_location)
     return check_variables(loaded, entry) if entry in VARIABLE_ENTRIES else check_state_dict(loaded, entry)
 
 

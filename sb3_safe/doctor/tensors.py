@@ -12,7 +12,7 @@ import torch as th
 
 from sb3_safe.common import observation_norm, value_norm
 from sb3_safe.common.numerics import find_nonfinite
-from sb3_safe.doctor.archive import UnreadableModelError
+from sb3_safe.doctor.archive import UnreadableModelError, first_line
 from sb3_safe.doctor.report import WEIGHT_LIMIT, BeyondLimit, DoctorReport
 from sb3_safe.doctor.scan import printable
 
@@ -23,17 +23,19 @@ STATISTICS = value_norm.STATISTICS + observation_norm.STATISTICS
 VARIABLE_ENTRIES = ("pytorch_variables.pth", "tensors.pth")
 
 
-def load_torch_entry(raw: bytes, entry: str) -> Any:
+def load_torch_entry(raw: bytes, entry: str, map_location: th.device | str = "cpu") -> Any:
     """
-    ``th.load`` of one entry, as SB3's ``load`` reads it (``weights_only=True``) but on the CPU.
+    ``th.load`` of one entry, as SB3's ``load`` reads it (``weights_only=True``).
 
+    :param raw: the entry's bytes
+    :param entry: its name, for the message
+    :param map_location: where the tensors go
     :raises UnreadableModelError: naming the entry, when torch cannot read it
     """
     try:
-        return th.load(io.BytesIO(raw), map_location="cpu", weights_only=True)
+        return th.load(io.BytesIO(raw), map_location=map_location, weights_only=True)
     except Exception as error:  # torch raises many types for a damaged file
-        message = printable((str(error).strip().splitlines() or [""])[0])
-        raise UnreadableModelError(f"{entry}: cannot load its tensors ({type(error).__name__}: {message})") from None
+        raise UnreadableModelError(f"{printable(entry)}: cannot load its tensors ({first_line(error)})") from None
 
 
 def _kind(value: Any) -> str:

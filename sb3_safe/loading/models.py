@@ -12,6 +12,7 @@ from stable_baselines3.common.type_aliases import GymEnv
 from stable_baselines3.common.vec_env import VecEnv, VecNormalize
 
 from sb3_safe.doctor.allowlist import TRUSTED_PACKAGES
+from sb3_safe.doctor.archive import first_line
 from sb3_safe.doctor.budget import SizeLimits
 from sb3_safe.loading.readers import RefusedFileError, secure_reading
 
@@ -86,8 +87,7 @@ def load(
         except Exception as error:
             if not reading.read:
                 raise  # before the file was read (no such file): SB3's own error
-            message = (str(error).strip().splitlines() or [""])[0]
-            problem = f"read, but SB3 cannot build the model it describes ({type(error).__name__}: {message})"
+            problem = f"read, but SB3 cannot build the model it describes ({first_line(error)})"
             refusal = RefusedFileError(reading.read[-1], problem=problem)
     # Raised here, outside the handler: the one line, no chained traceback of SB3's building
     raise refusal

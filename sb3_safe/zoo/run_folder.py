@@ -290,6 +290,16 @@ def _check_wrappers(config: dict[str, Any], path: Path, trusted: Sequence[str]) 
                 raise RunFolderError(path, field, f"{name} is not a {base.__module__}.{base.__qualname__}")
 
 
+def _read_mapping(path: Path, what: str, trust: Sequence[str]) -> dict[str, Any] | None:
+    """A run folder's YAML mapping (:func:`read_run_yaml`), or None without the file; ``what`` names its values."""
+    if not path.is_file():
+        return None
+    value = read_run_yaml(path, trust)
+    if not isinstance(value, dict):
+        raise RunFolderError(path, None, f"a {type(value).__name__}, not a mapping of {what}")
+    return value
+
+
 def read_config(stats_path: str | Path, trust: Sequence[str] = ()) -> dict[str, Any] | None:
     """
     Read and check a run's ``config.yml`` (its hyperparameters): the fields that rl_zoo3's ``enjoy`` runs, ``normalize``
@@ -301,11 +311,9 @@ def read_config(stats_path: str | Path, trust: Sequence[str] = ()) -> dict[str, 
     :raises RunFolderError: naming the file, the field and why
     """
     path = Path(stats_path, "config.yml")
-    if not path.is_file():
+    config = _read_mapping(path, "hyperparameters", trust)
+    if config is None:
         return None
-    config = read_run_yaml(path, trust)
-    if not isinstance(config, dict):
-        raise RunFolderError(path, None, f"a {type(config).__name__}, not a mapping of hyperparameters")
     if config.get("normalize"):
         _normalize_kwargs(config["normalize"], path, False, False)
     if not isinstance(config.get("frame_stack", 0), int):
@@ -324,11 +332,9 @@ def read_args(stats_path: str | Path, trust: Sequence[str] = ()) -> dict[str, An
     :raises RunFolderError: naming the file, the field and why
     """
     path = Path(stats_path, "args.yml")
-    if not path.is_file():
+    args = _read_mapping(path, "options", trust)
+    if args is None:
         return None
-    args = read_run_yaml(path, trust)
-    if not isinstance(args, dict):
-        raise RunFolderError(path, None, f"a {type(args).__name__}, not a mapping of options")
     if not isinstance(args.get("env_kwargs"), dict | None):
         raise RunFolderError(path, "env_kwargs", f"a {type(args['env_kwargs']).__name__}, not a mapping")
     return args
