@@ -193,8 +193,9 @@ def torch_exact_gaussian_log_prob(values: th.Tensor, normal: Normal, log_std: th
     difference), :func:`gaussian_log_prob` elsewhere.
 
     Normal's backward divides by the variance squared, which float32 holds down to a log-std of about -20; with the
-    z-score within :data:`_EXACT_Z_LIMIT` every intermediate stays finite. The inputs of the branch not taken are
-    replaced (by 0), so that its gradient is zero, never NaN.
+    z-score within :data:`_EXACT_Z_LIMIT` every intermediate stays finite. Where that holds for every element (a
+    healthy run) it is ``normal.log_prob`` itself; otherwise each element takes its branch, the inputs of the branch
+    not taken replaced (by 0), so that its gradient is zero, never NaN.
 
     :param values: where to evaluate the density
     :param normal: the Gaussian, its scale ``exp(log_std)``
@@ -202,6 +203,8 @@ def torch_exact_gaussian_log_prob(values: th.Tensor, normal: Normal, log_std: th
     """
     difference = values - normal.loc
     exact = (log_std >= _EXACT_LOG_STD_FLOOR) & (difference.abs() <= _EXACT_Z_LIMIT * normal.scale)
+    if bool(exact.all()):
+        return normal.log_prob(values)  # no bound binds (a healthy run): SB3's computation, nothing else
     exact_difference = th.where(exact, difference, 0.0)
     scale = th.where(exact, normal.scale, 1.0)
     # As Normal.log_prob computes it
