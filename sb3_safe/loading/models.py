@@ -12,9 +12,9 @@ from stable_baselines3.common.type_aliases import GymEnv
 from stable_baselines3.common.vec_env import VecEnv, VecNormalize
 
 from sb3_safe.doctor.allowlist import TRUSTED_PACKAGES
-from sb3_safe.doctor.archive import first_line
 from sb3_safe.doctor.budget import SizeLimits
-from sb3_safe.loading.readers import RefusedFileError, secure_reading
+from sb3_safe.loading.building import build_model
+from sb3_safe.loading.readers import secure_reading
 
 SelfAlgorithm = TypeVar("SelfAlgorithm", bound=BaseAlgorithm)
 
@@ -75,22 +75,13 @@ def load(
     :raises RefusedFileError: for a file whose pickles name or call more than the allowlist, a function stored in
         the file, a file beyond ``limits``, or a file that is not a readable model; one line naming each global and
         the entry that holds it (or the limit). Also for a file read in full from which SB3 cannot build the model
-        (tensors that do not fit the policy, an attribute of the wrong type; ``sb3-safe doctor`` reads the file
-        without building the model, so does not see these), or an ``env`` whose spaces are not the model's
+        (tensors that do not fit the policy, an attribute of the wrong type), or whose model would pass the limits
+        of building it (:mod:`~sb3_safe.loading.building`; ``sb3-safe doctor`` builds it the same way), or an
+        ``env`` whose spaces are not the model's
     """
     _check_reads_through_sb3(algorithm_class, "load")
     with secure_reading(trust, limits) as reading:
-        try:
-            return algorithm_class.load(path, env=env, device=device, custom_objects=custom_objects, **kwargs)
-        except RefusedFileError:
-            raise
-        except Exception as error:
-            if not reading.read:
-                raise  # before the file was read (no such file): SB3's own error
-            problem = f"read, but SB3 cannot build the model it describes ({first_line(error)})"
-            refusal = RefusedFileError(reading.read[-1], problem=problem)
-    # Raised here, outside the handler: the one line, no chained traceback of SB3's building
-    raise refusal
+        return build_model(algorithm_class, reading, path, env=env, device=device, custom_objects=custom_objects, **kwargs)
 
 
 def load_vec_normalize(

@@ -43,7 +43,7 @@ from sb3_safe.doctor.allowlist import Allowlist
 from sb3_safe.doctor.archive import open_archive, read_entry
 from sb3_safe.doctor.budget import ReadingBudget, SizeLimits, UnreadableModelError
 from sb3_safe.doctor.pickles import PickleReport, data_item_entry
-from sb3_safe.doctor.reading import RefusedPickle, read_model, read_pickle
+from sb3_safe.doctor.reading import ModelContents, RefusedPickle, read_model, read_pickle
 from sb3_safe.doctor.scan import Finding, printable
 
 #: The entries SB3's load reads as pytorch variables ("tensors.pth": SB3 before 0.9)
@@ -107,6 +107,22 @@ class RefusedFileError(ValueError):
 
 
 @dataclass(frozen=True)
+class ReadModel:
+    """
+    A model zip already read by :func:`~sb3_safe.doctor.reading.read_model` (doctor's reading), for SB3's ``load`` to
+    build the model from instead of reading a file.
+
+    :param name: the file, as messages name it
+    :param size: its size in bytes
+    :param contents: what was read
+    """
+
+    name: str
+    size: int
+    contents: ModelContents
+
+
+@dataclass
 class SecureReading:
     """
     How the readers read inside :func:`secure_reading`.
@@ -114,11 +130,15 @@ class SecureReading:
     :param rules: the allowlist, with the user's trusted modules
     :param limits: the budget of each file
     :param read: the model files read in full so far (what fails after is the building of the model)
+    :param size: the size in bytes of the model file read last
+    :param model: a model zip already read, which the reader of model zips returns whatever path it is given
     """
 
     rules: Allowlist
     limits: SizeLimits
     read: list[str] = field(default_factory=list)
+    size: int = 0
+    model: ReadModel | None = None
 
 
 _READING: contextvars.ContextVar[SecureReading | None] = contextvars.ContextVar("sb3_safe_secure_reading", default=None)
@@ -184,22 +204,27 @@ def read_model_zip(
     :raises RefusedFileError: before anything is unpickled, for a file that names or calls more than the allowlist,
         or that is not a readable model
     """
-    name, raw = _read_file(load_path, verbose, "zip", from_start=True)
-    device = get_device(device)
-    if print_system_info:
-        _print_system_info(name, raw, reading.limits)
     if load_data and custom_objects is not None and not isinstance(custom_objects, dict):
         raise ValueError("custom_objects argument must be a dict or None")
     replaced = custom_objects or {}
-    with _refusing(name):
-        contents = read_model(
-            io.BytesIO(raw), name, reading.rules, ReadingBudget(reading.limits), load_data, replaced.keys(), device
-        )
-    del raw
+    if reading.model is not None:
+        name, size, contents = reading.model.name, reading.model.size, reading.model.contents
+    else:
+        name, raw = _read_file(load_path, verbose, "zip", from_start=True)
+        size = len(raw)
+        if print_system_info:
+            _print_system_info(name, raw, reading.limits)
+        budget = ReadingBudget(reading.limits)
+        with _refusing(name):
+            contents = read_model(io.BytesIO(raw), name, reading.rules, budget, load_data, replaced.keys(), get_device(device))
+        del raw
     _refuse_if_unsafe(name, contents.report)
     data = None
     if contents.data is not None:
         data = {key: replaced.get(key, contents.objects.get(key, item)) for key, item in contents.data.items()}
+        if data.get("env") is not None:
+            # SB3 never saves the environment; its load would make one of what the file names there
+            raise RefusedFileError(name, problem='data["env"]: an environment, which SB3 never saves')
     params: dict[str, Any] = {}
     pytorch_variables = None
     for entry, loaded in contents.tensors.items():
@@ -207,6 +232,7 @@ def read_model_zip(
             pytorch_variables = loaded
         else:
             params[os.path.splitext(entry)[0]] = loaded
+    reading.size = size
     reading.read.append(name)
     return data, params, pytorch_variables
 
@@ -285,7 +311,9 @@ def _route(owner: Any, name: str, secure: Callable[..., Any], wrap: Callable[[An
 
 
 @contextlib.contextmanager
-def secure_reading(trust: Sequence[str] = (), limits: SizeLimits | None = None) -> Iterator[SecureReading]:
+def secure_reading(
+    trust: Sequence[str] = (), limits: SizeLimits | None = None, model: ReadModel | None = None
+) -> Iterator[SecureReading]:
     """
     Inside this block, SB3's ``load`` (its ``load_from_zip_file``), ``load_replay_buffer`` (its ``load_from_pkl``) and
     ``VecNormalize.load`` read files with the functions of this module: they refuse a file whose pickles name or call
@@ -294,12 +322,13 @@ def secure_reading(trust: Sequence[str] = (), limits: SizeLimits | None = None) 
 
     :param trust: modules (or packages) of your own whose classes the files may name, as ``sb3-safe doctor --trust``
     :param limits: the budget of each file (default :class:`~sb3_safe.doctor.budget.SizeLimits`: doctor's)
+    :param model: a model zip already read: SB3's ``load`` builds from it, whatever path it is given
     """
     # SB3's modules look these names up when they run: routed here, the rest of SB3 is unchanged
     _route(base_class, "load_from_zip_file", read_model_zip)
     _route(off_policy_algorithm, "load_from_pkl", read_pickle_file)
     _route(VecNormalize, "load", read_vec_normalize, staticmethod)
-    reading = SecureReading(Allowlist(tuple(trust)), limits or SizeLimits())
+    reading = SecureReading(Allowlist(tuple(trust)), limits or SizeLimits(), model=model)
     token = _READING.set(reading)
     try:
         yield reading
