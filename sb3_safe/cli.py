@@ -40,8 +40,16 @@ def _doctor(args: argparse.Namespace) -> int:
         calls=args.max_calls,
         opcodes=args.max_opcodes,
     )
+    from sb3_safe.loading.building import algorithms
+
     status = run_doctor(
-        args.path, top=args.top, as_json=args.json, limits=limits, trusted_modules=tuple(args.trust), dis=args.dis
+        args.path,
+        top=args.top,
+        as_json=args.json,
+        limits=limits,
+        trusted_modules=tuple(args.trust),
+        dis=args.dis,
+        algorithm=None if args.algo is None else algorithms()[args.algo],
     )
     # The status still says what was found when the reader stopped reading (doctor ... | head -1)
     _flush_stdout()
@@ -68,6 +76,12 @@ def _positive_megabytes(value: str) -> float:
     return megabytes
 
 
+def _algorithm_names() -> list[str]:
+    from sb3_safe.loading.building import algorithms
+
+    return list(algorithms())
+
+
 def _add_doctor(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
     parser = subparsers.add_parser(
         "doctor",
@@ -77,7 +91,9 @@ def _add_doctor(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]
             "Nothing of the file runs: its pickles are read opcode by opcode, and every global they would import "
             "or call is compared with what SB3 / sb3-contrib / sb3-safe model files hold; only then are data's items "
             "built by the restricted unpickler sb3_safe.load uses, and the tensors loaded with "
-            "torch.load(weights_only=True), all within one budget for the file. Reports code the file would run, "
+            "torch.load(weights_only=True), all within one budget for the file; then the model is built from what was "
+            "read as sb3_safe.load builds it (SB3's load, no code of the file; its tensors no larger than twice the "
+            "file, within the budget), so that a file doctor calls healthy loads. Reports code the file would run, "
             "non-finite tensors by name, the log-std range and the largest weights. Unhealthy besides: a log-std outside the "
             "policy's log_std_range (sb3-safe's policies) or outside "
             f"[{STOCK_LOG_STD_RANGE[0]:g}, {STOCK_LOG_STD_RANGE[1]:g}] (other policies), a policy weight with "
@@ -85,8 +101,8 @@ def _add_doctor(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]
             "It does not make SB3's load safe: load still unpickles the file. "
             "Exit status: 0 healthy; 1 unhealthy (code beyond what SB3 model files need, a lambda learning rate "
             "stored with its code included, NaN / inf, values beyond the limits); 2 not a readable SB3 model (not "
-            "a zip, damaged, an entry missing or of the wrong shape, beyond the size limits, a directory), with one "
-            "line on stderr."
+            "a zip, damaged, an entry missing or of the wrong shape, beyond the size limits, a directory, a model "
+            "SB3 cannot build from it), with one line on stderr: the cause sb3_safe.load refuses it for."
         ),
     )
     parser.add_argument(
@@ -125,6 +141,13 @@ def _add_doctor(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]
         metavar="MODULE",
         help="a module (or package) of your own whose classes the model may name, e.g. a features extractor "
         "(repeatable; never imported by doctor)",
+    )
+    parser.add_argument(
+        "--algo",
+        metavar="CLASS",
+        choices=_algorithm_names(),
+        help="the algorithm whose load builds the model, as sb3_safe.load(CLASS, ...) (default: the one whose saved "
+        f"attributes the file's data holds); one of {', '.join(_algorithm_names())}",
     )
     parser.add_argument(
         "--dis",

@@ -9,7 +9,9 @@ What it guarantees for an untrusted file:
   only if they name and call nothing beyond the allowlist are ``data``'s items built, by the restricted unpickler
   :func:`sb3_safe.load` uses (arrays, spaces, schedules: no code of the file), and the tensors loaded with
   ``torch.load(weights_only=True)``. The file is read as :func:`sb3_safe.load` reads it
-  (:mod:`~sb3_safe.doctor.reading`): a file doctor calls healthy loads, one load refuses is not healthy.
+  (:mod:`~sb3_safe.doctor.reading`), and the model built from what was read as :func:`sb3_safe.load` builds it
+  (:mod:`~sb3_safe.loading.building`: SB3's ``load``, which runs SB3's and torch's code only): a file doctor calls
+  healthy loads, one load refuses is not healthy, for the same cause.
 - **Every global a pickle would import or call is named**, and compared with what SB3 / sb3-contrib / sb3-safe
   model files hold (:mod:`~sb3_safe.doctor.allowlist`). Any other ("loading this file would run code from
   ``posix.system``") makes the file unhealthy (exit 1); so does a global that cannot be resolved without running
@@ -18,8 +20,11 @@ What it guarantees for an untrusted file:
   it, pickle and call: the bytes held (the sizes each zip's central directory declares, checked before anything is
   read), the opcodes, the calls and the values searched in their arguments. A file beyond it is refused (exit 2)
   at the first charge that passes it, unexpanded.
+- **Bounded building.** The tensors building the model makes are charged before torch allocates them, to twice the
+  file's size (and 4 MiB) within the budget, the arrays numpy fills to the budget
+  (:func:`~sb3_safe.loading.building.bounded_building`): a file cannot describe a network larger than its tensors.
 - **One line, never a traceback**, for a file that is not a readable model (exit 2), naming the entry and what
-  was expected.
+  was expected; for a model SB3 cannot build from it, the line :func:`sb3_safe.load` refuses it with.
 
 What it does not: it does not make SB3's ``load`` safe. It reports what loading would run; SB3's ``load`` still
 unpickles ``data`` with a full unpickler, and calls the classes the file names (the policy class, the activation,

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any, TextIO
 
+from stable_baselines3.common.base_class import BaseAlgorithm
 from stable_baselines3.common.buffers import BaseBuffer
 from stable_baselines3.common.vec_env import VecNormalize
 
@@ -21,7 +22,7 @@ from sb3_safe.doctor.allowlist import Allowlist
 from sb3_safe.doctor.archive import first_line, open_archive, read_entry
 from sb3_safe.doctor.budget import ReadingBudget, SizeLimits, UnreadableModelError
 from sb3_safe.doctor.pickles import data_item_entry, data_pickles
-from sb3_safe.doctor.reading import RefusedPickle, check_pickle_size, parse_data, read_model, read_pickle
+from sb3_safe.doctor.reading import ModelContents, RefusedPickle, check_pickle_size, parse_data, read_model, read_pickle
 from sb3_safe.doctor.report import DoctorReport, StoredFunction
 from sb3_safe.doctor.scan import PickleScan
 from sb3_safe.doctor.tensors import VARIABLE_ENTRIES, check_state_dict, check_tensors, check_variables, load_torch_entry
@@ -163,8 +164,48 @@ def _load_tensors(
     return params, variables, variables_entry
 
 
+def _build(
+    path: Path,
+    contents: ModelContents,
+    algorithm: type[BaseAlgorithm] | None,
+    report: DoctorReport,
+    limits: SizeLimits,
+    trusted_modules: tuple[str, ...],
+) -> None:
+    """
+    Build the model from what was read, as :func:`sb3_safe.load` builds it (one function for both, within the same
+    limits), into ``report``.
+
+    :raises UnreadableModelError: for a model SB3 cannot build from the file, or beyond the limits of building it,
+        with the cause :func:`sb3_safe.load` refuses it for
+    """
+    # Imported here: sb3_safe.loading reads files with this package's modules
+    from sb3_safe.loading.building import algorithm_of, build_model
+    from sb3_safe.loading.readers import ReadModel, RefusedFileError, secure_reading
+
+    skipped = [data_item_entry(key) for key in contents.report.scans if key not in contents.objects]
+    if skipped:
+        report.not_built = (
+            f"{', '.join(skipped)} name{'s' if len(skipped) == 1 else ''} a module you trust, which doctor does not "
+            "import (sb3_safe.load with trust= builds the model)"
+        )
+        return
+    algorithm = algorithm or algorithm_of(contents.data or {}, contents.objects.get("policy_class"))
+    try:
+        with secure_reading(trusted_modules, limits, ReadModel(str(path), path.stat().st_size, contents)) as reading:
+            model = build_model(algorithm, reading, str(path), device="cpu")
+    except RefusedFileError as refused:
+        raise UnreadableModelError(refused.problem or str(refused)) from None
+    report.built = algorithm.__name__
+    report.built_parameters = sum(parameter.numel() for parameter in model.policy.parameters())
+
+
 def diagnose(
-    path: str | Path, top: int = 5, limits: SizeLimits | None = None, trusted_modules: tuple[str, ...] = ()
+    path: str | Path,
+    top: int = 5,
+    limits: SizeLimits | None = None,
+    trusted_modules: tuple[str, ...] = (),
+    algorithm: type[BaseAlgorithm] | None = None,
 ) -> DoctorReport:
     """
     Check a saved SB3 model without loading it: what its pickles would import and call when loaded (against what
@@ -177,8 +218,11 @@ def diagnose(
     :param top: how many of the largest policy tensors to report
     :param limits: how much of the file may be read (default :class:`~sb3_safe.doctor.archive.SizeLimits`)
     :param trusted_modules: modules whose classes the file may name besides SB3's (the user's own)
+    :param algorithm: the algorithm whose ``load`` builds the model (default: the one whose saved items its data
+        holds, :func:`~sb3_safe.loading.building.algorithm_of`)
     :return: the report
-    :raises UnreadableModelError: if the file is not a readable SB3 model (and names nothing unsafe)
+    :raises UnreadableModelError: if the file is not a readable SB3 model (and names nothing unsafe), or one from
+        which SB3 cannot build the model it describes within the limits (what :func:`sb3_safe.load` refuses it for)
     """
     path = resolve_path(path)
     budget = ReadingBudget(limits)
@@ -205,8 +249,10 @@ def diagnose(
     _read_metadata(contents.data or {}, pickles.scans, report)
     with _in_file(path):
         if report.unsafe:
+            report.not_built = "nothing is built from a file that would run code"
             params, variables, variables_entry = _load_tensors(contents.torch_entries, pickles.unsafe_entries, report)
         else:
+            _build(path, contents, algorithm, report, budget.limits, trusted_modules)
             params, variables, variables_entry = _split_tensors(contents.tensors)
     del contents
     if "policy" not in params:
@@ -297,6 +343,7 @@ def run_doctor(
     limits: SizeLimits | None = None,
     trusted_modules: tuple[str, ...] = (),
     dis: str | None = None,
+    algorithm: type[BaseAlgorithm] | None = None,
 ) -> int:
     """
     Diagnose a model file and print the report.
@@ -309,8 +356,10 @@ def run_doctor(
     :param limits: how much of the file may be read
     :param trusted_modules: modules whose classes the file may name besides SB3's (the user's own)
     :param dis: print the opcodes of this pickle (``data[KEY]``, ``policy.pth``) instead of the report
+    :param algorithm: the algorithm whose ``load`` builds the model (default: the one its data describes)
     :return: exit status: 0 healthy, 1 unhealthy (what loading would run beyond an SB3 file's needs, non-finite
-        values or values beyond the limits), 2 not a readable SB3 model (or a directory, or beyond the size limits)
+        values or values beyond the limits), 2 not a readable SB3 model (or a directory, beyond the size limits, or
+        one from which SB3 cannot build the model it describes)
     """
     out = out or sys.stdout
     err = err or sys.stderr
@@ -318,7 +367,7 @@ def run_doctor(
         if dis is not None:
             disassemble(path, dis, out, limits)
             return EXIT_HEALTHY
-        report = diagnose(path, top, limits, trusted_modules)
+        report = diagnose(path, top, limits, trusted_modules, algorithm)
         print(json.dumps(report.to_dict(), indent=2) if as_json else report.format(), file=out)
     except UnreadableModelError as error:
         print(f"sb3-safe doctor: error: {error}", file=err)

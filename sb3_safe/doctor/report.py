@@ -90,6 +90,10 @@ class DoctorReport:
     :param largest: the policy tensors with the largest |value|, largest first, as (name, max |value|)
     :param stored_functions: the items of ``data`` that hold a function stored with its code (a lambda learning
         rate): their findings in ``unsafe`` are reported apart, with the ``custom_objects`` that replace them
+    :param built: the algorithm whose ``load`` built the model from the file, as :func:`sb3_safe.load` builds it
+    :param built_parameters: the parameters of the policy built
+    :param not_built: why the model was not built, when it was not (a model SB3 cannot build makes the file
+        unreadable instead)
     """
 
     path: str
@@ -109,6 +113,9 @@ class DoctorReport:
     beyond_limits: list[BeyondLimit] = field(default_factory=list)
     largest: list[tuple[str, float]] = field(default_factory=list)
     stored_functions: list[StoredFunction] = field(default_factory=list)
+    built: str | None = None
+    built_parameters: int = 0
+    not_built: str | None = None
 
     @property
     def healthy(self) -> bool:
@@ -142,6 +149,8 @@ class DoctorReport:
             },
             "log_std_range": self.log_std_range,
             "largest": [{"name": name, "max_abs": _json_float(value)} for name, value in self.largest],
+            "built": None if self.built is None else {"algorithm": self.built, "parameters": self.built_parameters},
+            "not_built": self.not_built,
         }
 
     def format(self) -> str:
@@ -172,6 +181,13 @@ class DoctorReport:
         if self.stored_functions:
             lines += self._stored_function_lines()
         lines += [f"Not checked: {part}" for part in self.unchecked]
+        if self.built is not None:
+            lines.append(
+                f"Builds: {self.built}.load builds the model it describes, as sb3_safe.load does "
+                f"({self.built_parameters} policy parameters)"
+            )
+        elif self.not_built is not None:
+            lines.append(f"Not built: {self.not_built}")
         if self.pickle_only and not self.unsafe:
             lines.append(
                 "Healthy: the pickle names only what SB3 files hold (its values are not checked for NaN: that needs "
