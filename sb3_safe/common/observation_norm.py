@@ -172,16 +172,26 @@ class ObservationNormalizer(nn.Module):
         self.observing = False
         #: whether the pending statistics are to be committed at the next observation (a rollout's first step)
         self.commit_due = False
+        #: whether :meth:`forward` receives observations normalized already (an update's rollout, normalized once by
+        #: :class:`~sb3_safe.common.normalized_rollout.NormalizedRollout`) and passes them on unchanged
+        self.passthrough = False
 
     def forward(self, obs: th.Tensor) -> th.Tensor:
         """
         :param obs: a batch of observations, as the features extractor receives them (float)
+        :return: :meth:`normalize` of them; unchanged while :attr:`passthrough`
+        """
+        return obs if self.passthrough else self.normalize(obs)
+
+    def normalize(self, obs: th.Tensor) -> th.Tensor:
+        """
+        :param obs: a batch of observations (float)
         :return: the normalized observations, finite for any finite input and NaN where the input is not (except while
             :attr:`observing`: then clipped, and :meth:`fold` names them), in ``obs``'s dtype. For float32
             observations computed in float32 from the float64 statistics: a rounding of the mean of at most half a unit
             of the observations' own last place
         """
-        derived = self._shift_and_scale.get(self.obs_mean, self.obs_var)
+        derived = self.shift_and_scale()
         if obs.dtype == th.float32 and not derived.in_float64:
             normalized = obs.sub(derived.shift).mul_(derived.scale).clamp_(-CLIP, CLIP)
         else:
@@ -191,6 +201,10 @@ class ObservationNormalizer(nn.Module):
         # The clip would turn an inf into a plausible 10: adding 0 * obs makes it NaN again, which the network's
         # output check names
         return normalized.add_(obs, alpha=0)
+
+    def shift_and_scale(self) -> "_ShiftAndScale":
+        """What :meth:`normalize` applies, derived once per change of the statistics (the same object until then)."""
+        return self._shift_and_scale.get(self.obs_mean, self.obs_var)
 
     def features_extractor_pre_hook(self, module: nn.Module, args: tuple[th.Tensor, ...]) -> tuple[th.Tensor, ...]:
         """

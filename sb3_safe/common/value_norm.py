@@ -83,7 +83,11 @@ class PopArtValueHead(nn.Module):
     @property
     def return_std(self) -> th.Tensor:
         """The standard deviation the returns are scaled by (float64), at least :data:`MIN_STD`."""
-        return self._output_scale.get(self.return_mean, self.return_var, self.return_count).std
+        return self.output_scale().std
+
+    def output_scale(self) -> "_OutputScale":
+        """What :meth:`forward` scales by, derived once per change of the statistics (the same object until then)."""
+        return self._output_scale.get(self.return_mean, self.return_var, self.return_count)
 
     def forward(self, latent: th.Tensor) -> th.Tensor:
         """
@@ -94,7 +98,7 @@ class PopArtValueHead(nn.Module):
         if self.normalized_output:
             return normalized
         # Derived once per change of the statistics: a value per rollout step costs one operation, not a dozen
-        output = self._output_scale.get(self.return_mean, self.return_var, self.return_count)
+        output = self.output_scale()
         if normalized.dtype == th.float32 and not output.in_float64:
             return th.addcmul(output.mean, normalized, output.scale)
         # In float64: statistics near float32's range must not overflow on the way

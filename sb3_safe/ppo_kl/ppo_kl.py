@@ -17,6 +17,7 @@ from sb3_safe.common.adaptive_lr import ADAPTIVE_LR_CALLBACK, check_adaptive_lr,
 from sb3_safe.common.buffers import KLDictRolloutBuffer, KLDictRolloutBufferSamples, KLRolloutBuffer, KLRolloutBufferSamples
 from sb3_safe.common.checkpoints import continue_stock_checkpoint, with_settings_of_older_checkpoints
 from sb3_safe.common.kl import analytic_kl, approx_kl, clamp_log_ratio, has_analytic_kl
+from sb3_safe.common.normalized_rollout import NormalizedRollout
 from sb3_safe.common.observation_norm import decide_normalize_observations, warn_if_normalized_twice
 from sb3_safe.common.policies import SafeActorCriticPolicy, SafeCnnPolicy, SafeMultiInputPolicy, outside_rollouts
 from sb3_safe.common.updates import (
@@ -30,7 +31,6 @@ from sb3_safe.common.value_norm import (
     check_normalize_value,
     explained_variance_float64,
     install_value_normalization,
-    normalized_values,
     record_value_statistics,
     resolve_normalize_value,
     value_head,
@@ -367,22 +367,70 @@ class KLAdaptivePPO(PPO):
         clip_range_vf = None if self.clip_range_vf is None else self.clip_range_vf(self._current_progress_remaining)  # type: ignore[operator]
         # One row of statistics per minibatch, kept as tensors: one host sync per update phase, not seven per minibatch
         minibatch_stats: list[th.Tensor] = []
-        last_epoch_start = 0  # SB3 logs the approximate KL of the last epoch only
 
+        # The rollout's observations, value targets and advantages normalized once for all minibatches and epochs
+        with NormalizedRollout(self.policy, self.rollout_buffer) as normalized:
+            last_epoch_start, loss = self._train_epochs(clip_range, clip_range_vf, normalized, minibatch_stats)
+            self.guarded_step.name_an_update_without_steps(type(self).__name__)
+            rollout_kl = self._rollout_kl()
+        self.kl_beta = adapt_kl_beta(
+            self.kl_beta,
+            rollout_kl,
+            self.adaptive_kl_target,
+            self.kl_adapt_tolerance,
+            self.kl_adapt_factor,
+            self.kl_beta_bounds,
+        )
+
+        explained_var = explained_variance_float64(self.rollout_buffer.values, self.rollout_buffer.returns)
+        stats = th.stack(minibatch_stats).cpu().numpy()
+        pg_loss, kl_penalty_mean, value_loss_mean, entropy_loss_mean, _, clip_fraction_mean, clamped_mean = stats.mean(0)
+        self.logger.record("train/entropy_loss", float(entropy_loss_mean))
+        self.logger.record("train/policy_gradient_loss", float(pg_loss))
+        self.logger.record("train/kl_penalty", float(kl_penalty_mean))
+        self.logger.record("train/value_loss", float(value_loss_mean))
+        self.logger.record("train/approx_kl", float(stats[last_epoch_start:, 4].mean()))
+        self.logger.record("train/clip_fraction", float(clip_fraction_mean))
+        self.logger.record("train/log_ratio_clamped_fraction", float(clamped_mean))
+        self.logger.record("train/loss", loss.item())
+        self.logger.record("train/explained_variance", explained_var)
+        self.logger.record("train/kl", rollout_kl)
+        self.logger.record("train/kl_beta", self.kl_beta)
+        self.logger.record("train/skipped_updates", self.skipped_updates)
+        if hasattr(self.policy, "log_std"):
+            self.logger.record("train/std", th.exp(self.policy.log_std).mean().item())
+        self.logger.record("train/n_updates", self._n_updates, exclude="tensorboard")
+        self.logger.record("train/clip_range", clip_range)
+        if clip_range_vf is not None:
+            self.logger.record("train/clip_range_vf", clip_range_vf)
+        if head is not None:
+            record_value_statistics(self, head)
+
+    def _train_epochs(
+        self,
+        clip_range: float,
+        clip_range_vf: float | None,
+        normalized: NormalizedRollout,
+        minibatch_stats: list[th.Tensor],
+    ) -> tuple[int, th.Tensor]:
+        """
+        The update's epochs of minibatch steps, on the rollout in the losses' units (``normalized``).
+
+        :param minibatch_stats: a row of statistics is appended per minibatch
+        :return: where the last epoch's rows start (SB3 logs the approximate KL of the last epoch only), and the last
+            minibatch's loss
+        """
+        last_epoch_start = 0
+        loss = th.tensor(math.nan)
         continue_training = True
         for epoch in range(self.n_epochs):
             last_epoch_start = len(minibatch_stats)
             for rollout_data in self.rollout_buffer.get(self.batch_size):
-                with normalized_values(self.policy):
-                    values, log_prob, entropy = self.policy.evaluate_actions(
-                        rollout_data.observations, self._actions(rollout_data)
-                    )
+                actions = self._actions(rollout_data)
+                values, log_prob, entropy = self.policy.evaluate_actions(rollout_data.observations, actions)
                 values = values.flatten()
-                returns, old_values = rollout_data.returns, rollout_data.old_values
-                advantages = rollout_data.advantages
-                if head is not None:
-                    returns, old_values = head.normalize(returns), head.normalize(old_values)
-                    advantages = head.scale_advantages(advantages)
+                # In normalized units where the values are (PopArt): the buffer's returns, old values and advantages too
+                returns, old_values, advantages = rollout_data.returns, rollout_data.old_values, rollout_data.advantages
                 if self.normalize_advantage:
                     advantages = normalize_advantages(advantages)
 
@@ -419,45 +467,13 @@ class KLAdaptivePPO(PPO):
                     break
 
                 self.guarded_step(self.policy.optimizer, loss, self.policy.parameters(), self.max_grad_norm)
+                # A rollback of the guard in this step restored the statistics: the next minibatch is normalized anew
+                normalized.refresh()
 
             self._n_updates += 1
             if not continue_training:
                 break
-
-        self.guarded_step.name_an_update_without_steps(type(self).__name__)
-        rollout_kl = self._rollout_kl()
-        self.kl_beta = adapt_kl_beta(
-            self.kl_beta,
-            rollout_kl,
-            self.adaptive_kl_target,
-            self.kl_adapt_tolerance,
-            self.kl_adapt_factor,
-            self.kl_beta_bounds,
-        )
-
-        explained_var = explained_variance_float64(self.rollout_buffer.values, self.rollout_buffer.returns)
-        stats = th.stack(minibatch_stats).cpu().numpy()
-        pg_loss, kl_penalty_mean, value_loss_mean, entropy_loss_mean, _, clip_fraction_mean, clamped_mean = stats.mean(0)
-        self.logger.record("train/entropy_loss", float(entropy_loss_mean))
-        self.logger.record("train/policy_gradient_loss", float(pg_loss))
-        self.logger.record("train/kl_penalty", float(kl_penalty_mean))
-        self.logger.record("train/value_loss", float(value_loss_mean))
-        self.logger.record("train/approx_kl", float(stats[last_epoch_start:, 4].mean()))
-        self.logger.record("train/clip_fraction", float(clip_fraction_mean))
-        self.logger.record("train/log_ratio_clamped_fraction", float(clamped_mean))
-        self.logger.record("train/loss", loss.item())
-        self.logger.record("train/explained_variance", explained_var)
-        self.logger.record("train/kl", rollout_kl)
-        self.logger.record("train/kl_beta", self.kl_beta)
-        self.logger.record("train/skipped_updates", self.skipped_updates)
-        if hasattr(self.policy, "log_std"):
-            self.logger.record("train/std", th.exp(self.policy.log_std).mean().item())
-        self.logger.record("train/n_updates", self._n_updates, exclude="tensorboard")
-        self.logger.record("train/clip_range", clip_range)
-        if clip_range_vf is not None:
-            self.logger.record("train/clip_range_vf", clip_range_vf)
-        if head is not None:
-            record_value_statistics(self, head)
+        return last_epoch_start, loss
 
     def learn(
         self: SelfKLAdaptivePPO,
