@@ -155,6 +155,10 @@ class ObservationNormalizer(nn.Module):
     pending_mean: th.Tensor
     pending_var: th.Tensor
     pending_count: th.Tensor
+    #: whether :meth:`forward` receives observations normalized already (an update's rollout, normalized once by
+    #: :class:`~sb3_safe.common.normalized_rollout.NormalizedRollout`) and passes them on unchanged. A class attribute:
+    #: a normalizer pickled before it has none
+    passthrough = False
 
     def __init__(self, shape: tuple[int, ...]) -> None:
         super().__init__()
@@ -172,9 +176,6 @@ class ObservationNormalizer(nn.Module):
         self.observing = False
         #: whether the pending statistics are to be committed at the next observation (a rollout's first step)
         self.commit_due = False
-        #: whether :meth:`forward` receives observations normalized already (an update's rollout, normalized once by
-        #: :class:`~sb3_safe.common.normalized_rollout.NormalizedRollout`) and passes them on unchanged
-        self.passthrough = False
 
     def forward(self, obs: th.Tensor) -> th.Tensor:
         """
