@@ -13,9 +13,9 @@ every file (:func:`check_file`), in one long-lived process:
   read as data (no doctor verdict to compare);
 - **one verdict**: doctor passes the file (exit 0, or exit 1 for its weights only) if and only if ``sb3_safe.load``
   loads it; a refused file is refused by both for the same cause (doctor's one-line error, or its first finding,
-  is in load's message), and load raises nothing but :class:`~sb3_safe.RefusedFileError`. A file read in full from
-  which SB3 cannot build the model (tensors that do not fit the policy data describes) is refused by load alone:
-  doctor reads a file, it does not build the model; such files are counted apart (``built_only``).
+  is in load's message), and load raises nothing but :class:`~sb3_safe.RefusedFileError`. That holds for a file
+  read in full from which SB3 cannot build the model too (tensors that do not fit the policy its data describes):
+  doctor builds the model as load does (:mod:`sb3_safe.loading.building`), so any disagreement is a violation.
 
 Rows: one per file (seed, kind, size, doctor's status and cause, load's outcome, seconds and peak of each, the
 violations). ``hostile.md``: the counts of each violation, the outcomes by kind, the slowest and the largest file.
@@ -46,8 +46,6 @@ FILES_PER_JOB = 100
 #: Bounds every file must respect, per reader
 MAX_PEAK_MIB = 1536
 MAX_SECONDS = 10.0
-#: How sb3_safe.load names a file it read in full but from which SB3 cannot build the model
-BUILD_REFUSAL = "read, but SB3 cannot build the model it describes"
 #: Audit events that start another program
 _PROCESS_EVENTS = frozenset({"os.system", "subprocess.Popen", "os.posix_spawn", "os.exec", "os.spawn", "os.fork", "pty.spawn"})
 
@@ -142,11 +140,9 @@ def check_file(file: HostileFile, audit: _Audit, canary: Path) -> dict[str, Any]
         if row[f"{reader}_peak_mib"] > MAX_PEAK_MIB or row[f"{reader}_seconds"] > MAX_SECONDS:
             violations.append(f"{reader} over budget")
     doctor_passes = status == 0 or (status == 1 and not unsafe)
-    # A file read in full from which SB3 cannot build the model: load's building, which doctor does not do
-    row["built_only"] = doctor_passes and row.get("load_cause", "").find(BUILD_REFUSAL) >= 0
     if row["load"].startswith("raised"):
         violations.append(f"load {row['load']}")
-    elif not row["built_only"] and doctor_passes != (row["load"] == "loaded"):
+    elif doctor_passes != (row["load"] == "loaded"):
         violations.append("verdicts disagree")
     elif row["load"] == "refused" and doctor_cause not in row["load_cause"]:
         violations.append("causes disagree")
@@ -161,9 +157,9 @@ _STORED_CAUSE = 160
 def stored(row: dict[str, Any], folder: str) -> dict[str, Any]:
     """
     The row as written: causes without the temporary folder's path, cut to :data:`_STORED_CAUSE` characters; load's
-    only where it says more than doctor's (a violation, a model SB3 cannot build); times to the millisecond.
+    only where it says more than doctor's (a violation); times to the millisecond.
     """
-    if not (row["violations"] or row.get("built_only")):
+    if not row["violations"]:
         row.pop("load_cause", None)
     for key in ("doctor_cause", "load_cause"):
         if key in row:
@@ -195,7 +191,7 @@ def _check_run_folder(file: HostileFile, audit: _Audit, canary: Path) -> dict[st
         except BaseException as error:
             row["load"], row["load_cause"] = f"raised {type(error).__name__}", str(error)[:300]
     audit.canary = None
-    row.update(doctor_status=None, doctor_cause="", doctor_seconds=0.0, doctor_peak_mib=0.0, built_only=False)
+    row.update(doctor_status=None, doctor_cause="", doctor_seconds=0.0, doctor_peak_mib=0.0)
     violations = []
     if audit.events or canary.exists():
         violations.append(f"code ran: {audit.events} {canary.exists()}")
@@ -283,6 +279,11 @@ def _counts(rows: list[dict[str, Any]]) -> dict[str, int]:
     }
 
 
+def _refused_at_build(row: dict[str, Any]) -> bool:
+    """Whether doctor refused the file at the building of its model (which load then refuses for the same cause)."""
+    return row["doctor_status"] == 2 and row["doctor_cause"].startswith("read, but")
+
+
 def report(out: Path) -> None:
     """``hostile.md`` from ``hostile.jsonl``: the claim and its figures first, then the method and the tables."""
     path = out / f"{SUITE}.jsonl"
@@ -316,16 +317,17 @@ def report(out: Path) -> None:
         f"- Slowest: {cost(slowest)}.",
         f"- Most memory: {cost(hungriest)}.",
         f"- Largest: {cost(max(rows, key=lambda row: row['bytes']))}.",
-        f"- Read in full, refused by load alone because SB3 cannot build the model it describes (doctor does not build "
-        f"models): {sum(row.get('built_only', False) for row in rows)} files.",
+        f"- Read in full, refused by both because SB3 cannot build the model it describes (or not within its limits): "
+        f"{sum(_refused_at_build(row) for row in rows)} files.",
         "",
         "## Method",
         "",
         f"Command `{meta.get('command')}` at commit {meta.get('commit')}; {meta.get('cpu')}, {meta.get('cores')} cores "
         f"(load average before: {meta.get('load_avg')}); Python {meta.get('python')}, torch {meta.get('torch')}, "
         f"SB3 {meta.get('sb3')}. Each file is drawn from its seed by `benchmarks/hostile_files.py` (its docstring says "
-        "the grammar) and read by doctor, then by `sb3_safe.load` (`PPO`; `load_vec_normalize` for statistics, "
-        "`load_replay_buffer` for a pickled buffer), in one long-lived process per job of "
+        "the grammar) and read by doctor (which builds the model as the algorithm its data describes, PPO's for "
+        "these files), then by `sb3_safe.load` (`PPO`; `load_vec_normalize` for statistics, `load_replay_buffer` for "
+        "a pickled buffer), in one long-lived process per job of "
         f"{FILES_PER_JOB} files: peak memory is `VmHWM`, reset before each reader, less the resident size before it.",
         "",
         "## Outcomes by kind",
