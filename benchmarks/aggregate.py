@@ -82,6 +82,28 @@ def probability_of_improvement(better: np.ndarray, other: np.ndarray, seed: int 
     return float(point["pair"][0]), float(interval["pair"][0, 0]), float(interval["pair"][1, 0])
 
 
+def iqm_ratio_with_interval(variant: np.ndarray, reference: np.ndarray, seed: int = 0) -> tuple[float, float, float]:
+    """
+    The ratio of two IQMs, ``IQM(variant) / IQM(reference)``, with its stratified two-sample bootstrap confidence
+    interval (each sample resampled on its own, as rliable resamples pairs).
+
+    :param variant: ``(runs, tasks)`` scores of the variant tested
+    :param reference: ``(runs, tasks)`` scores of the reference (positive IQM)
+    :return: ``(ratio, low, high)``
+    """
+    from rliable import library
+
+    with _seeded_bootstrap(seed):
+        point, interval = library.get_interval_estimates(
+            {"pair": (np.asarray(variant, dtype=float), np.asarray(reference, dtype=float))},
+            lambda x, y: np.array([_iqm_of(x) / _iqm_of(y)]),
+            reps=BOOTSTRAP_REPS,
+            confidence_interval_size=CONFIDENCE,
+            random_state=np.random.RandomState(seed),
+        )
+    return float(point["pair"][0]), float(interval["pair"][0, 0]), float(interval["pair"][1, 0])
+
+
 def _iqm_of(matrix: np.ndarray) -> float:
     from rliable import metrics
 

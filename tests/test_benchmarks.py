@@ -6,6 +6,7 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from benchmarks import suite, variants
@@ -250,3 +251,13 @@ def test_benchmark_models_normalize_observations_once(name: str) -> None:
     pinned = dataclasses.replace(variants.VARIANTS[name], normalize_observations=True)
     model = variants.build_model(pinned, VecNormalize(make_vec_env("Pendulum-v1", n_envs=1, seed=0)), seed=0, kwargs={})
     assert hasattr(model.policy, "observation_normalizer")
+
+
+def test_the_iqm_ratio_scales_with_the_variant_and_its_interval_holds_it() -> None:
+    from benchmarks import aggregate
+
+    reference = np.array([[900.0], [1000.0], [1100.0], [700.0], [1300.0]])
+    ratio, low, high = aggregate.iqm_ratio_with_interval(2 * reference, reference)
+    assert ratio == pytest.approx(2.0) and low <= 2.0 <= high and low < high
+    ratio, low, high = aggregate.iqm_ratio_with_interval(reference[::-1], reference)
+    assert ratio == pytest.approx(1.0) and low < 1.0 < high
