@@ -1,13 +1,12 @@
 """
-sb3-safe benchmark harness: overhead, learning parity, stress and a robustness map (learning rate x entropy
-coefficient around rl-zoo's tuned settings), stock SB3 vs sb3-safe in the same run.
+sb3-safe benchmark harness: one benchmark per claim of the README (its results table names each row's), stock SB3 vs
+sb3-safe in the same run.
 
 Usage::
 
-    python -m benchmarks run
-        overhead|learning|stress|robustness|adaptive_lr|critic|faults|mutation|reward_scale|no_stall|hostile|all
-        [--quick | --size tiny|quick|full] [--jobs N] [--out DIR] [--modules MODULE ...] [--mutants]
-    python -m benchmarks report overhead|learning|...|mutation|all [--out DIR]  # from JSONL
+    python -m benchmarks run NAME|all [--quick | --size tiny|quick|full] [--jobs N] [--out DIR]
+        [--modules MODULE ...] [--mutants]
+    python -m benchmarks report NAME|all [--out DIR]  # from its JSONL
 
 Each suite writes ``<out>/<suite>.jsonl`` (a meta row with command, machine, versions and budget, then one row
 per run), ``<out>/<suite>.md`` and PNG plots. Default out: ``benchmarks/results``.
@@ -30,6 +29,7 @@ from types import ModuleType
 from benchmarks import (
     adaptive_lr,
     critic,
+    drop_in,
     fault_mutants,
     faults,
     hostile,
@@ -37,9 +37,11 @@ from benchmarks import (
     mutation,
     no_stall,
     overhead,
+    recipe,
     reports,
     reward_scale,
     robustness,
+    secure_load,
     stress,
     suite,
 )
@@ -56,11 +58,14 @@ SUITES: dict[str, ModuleType] = {
     "reward_scale": reward_scale,
     "no_stall": no_stall,
     "hostile": hostile,
+    "drop_in": drop_in,
+    "recipe": recipe,
+    "secure_load": secure_load,
 }
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Parse the command line and run or report the suites."""
+def build_parser() -> argparse.ArgumentParser:
+    """The command line: ``run`` or ``report``, a benchmark of :data:`SUITES` (or ``all``), its size and output."""
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -78,6 +83,12 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="faults only: run the suite against re-introduced defects and module mutants (benchmarks/fault_mutants.py)",
     )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Parse the command line and run or report the suites."""
+    parser = build_parser()
     args = parser.parse_args(argv)
     if args.mutants and args.suite != "faults":
         parser.error("--mutants runs the faults suite against mutants: run faults --mutants")

@@ -13,23 +13,45 @@ RESULTS = Path(__file__).parent / "results"
 NOTES_MARKER = "<!-- notes -->"
 
 
-def report_header(title: str, meta: dict[str, Any], budget_lines: list[str]) -> list[str]:
-    """Title, the command, machine, versions, budget, load and wall time of a report."""
-    wall = f"{meta['wall_s'] / 60:.1f} min wall" if "wall_s" in meta else "run incomplete"
+def report_header(title: str, meta: dict[str, Any], budget_lines: list[str], summary: str | None = None) -> list[str]:
+    """
+    Title, the command, machine, versions, budget, load and wall time of a report.
+
+    :param summary: the claim's current figure, put right under the title
+    """
+    if meta.get("wall_s") is not None:
+        wall = f"{meta['wall_s'] / 60:.1f} min wall"
+    else:
+        wall = "wall time not recorded" if "wall_s" in meta else "run incomplete"
     return [
         f"# {title}",
         "",
+        *([summary, ""] if summary else []),
         f"Command: `{meta.get('command', '?')}` (size `{meta.get('size')}`, {meta.get('jobs')} processes, 1 torch thread"
         f" each; {wall})",
         "",
-        f"- Machine: {_machines(meta)}, {meta.get('cores')} cores, shared with other jobs (1-min load average before /"
-        f" after: {meta.get('load_avg')} / {meta.get('load_avg_after', '?')})",
-        f"- Versions: Python {meta.get('python')}, torch {meta.get('torch')}, SB3 {meta.get('sb3')}, gymnasium"
-        f" {meta.get('gymnasium')}, sb3-safe {meta.get('sb3_safe')}"
-        + (f" (commit {meta['commit']})" if meta.get("commit") else ""),
+        f"- Machine: {_machines(meta)}"
+        + (f", {meta['cores']} cores" if meta.get("cores") is not None else "")
+        + (
+            f", shared with other jobs (1-min load average before / after: {meta['load_avg']} /"
+            f" {meta.get('load_avg_after', '?')})"
+            if meta.get("load_avg") is not None
+            else ""
+        ),
+        f"- Versions: {_versions(meta)}" + (f" (commit {meta['commit']})" if meta.get("commit") else ""),
         *[f"- {line}" for line in budget_lines],
         "",
     ]
+
+
+#: (meta key, name) of the versions a report names
+VERSIONS = (("python", "Python"), ("torch", "torch"), ("sb3", "SB3"), ("gymnasium", "gymnasium"), ("sb3_safe", "sb3-safe"))
+
+
+def _versions(meta: dict[str, Any]) -> str:
+    """The versions the meta row recorded (a run written before the harness recorded them has none)."""
+    known = [f"{name} {meta[key]}" for key, name in VERSIONS if meta.get(key) is not None]
+    return ", ".join(known) if known else "not recorded"
 
 
 def _machines(meta: dict[str, Any]) -> str:

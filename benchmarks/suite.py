@@ -200,7 +200,8 @@ def _parts(lines: list[dict[str, Any]]) -> tuple[list[float], list[str | None], 
 
 def summary(row: dict[str, Any]) -> str:
     """A row's identifying keys and main results, on one line (the progress printed as rows come)."""
-    keys = ("config", "env", "variant", "seed", "pair", "final_return", "steps_per_s", "wall_s", "error")
+    identity = ("config", "env", "variant", "algorithm", "use_sde", "arm", "model", "seed", "pair")
+    keys = (*identity, "final_return", "max_abs_difference", "ratio", "steps_per_s", "wall_s", "error")
     return " ".join(
         f"{key}={row[key]:.4g}" if isinstance(row[key], float) else f"{key}={row[key]}" for key in keys if key in row
     )
