@@ -36,7 +36,6 @@ measured wall time). ``--quick`` (x0.1 / x1 / x100, x1 / x100 on the sb3-contrib
 short budgets; 57 runs): about 3.5 min on free cores with ``--jobs 2`` (measured with 54).
 """
 
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -60,26 +59,17 @@ from benchmarks.robustness_grid import (
 __all__ = ["SUITE", "budget", "job_key", "jobs", "report", "row_key", "run_job"]
 
 
-def run_job(job: Job, guard: str | None = None, normalize_observations: str | None = None) -> list[dict[str, Any]]:
+def run_job(job: Job, guard: str | None = None) -> list[dict[str, Any]]:
     """
     Train and evaluate one grid cell's run; crashes are results.
 
     :param guard: a guard in this mode on a variant without one (``benchmarks.no_stall``); None: the variant as it is
-    :param normalize_observations: ``"env"``: train in ``VecNormalize(norm_reward=False)``; ``"policy"``: with the safe
-        policy's ``normalize_observations``; ``"none"``: neither (all three for ``benchmarks.observation_norm``); None:
-        as the task and the variant train
     """
     env_id, variant, factor, ent_coef, seed, size = job
     task = TASKS[env_id]
     tuned_lr, _ = tuned_settings(task)
     config = cell_config(task, factor, ent_coef, size)
     trained = variants.guarded(variant, guard)
-    if normalize_observations is not None:
-        if normalize_observations not in ("env", "policy", "none"):
-            raise ValueError(f"normalize_observations={normalize_observations!r}: 'env', 'policy', 'none' or None")
-        trained = replace(trained, normalize_observations=normalize_observations == "policy")
-        if normalize_observations == "env":
-            config = replace(config, normalize=True, normalize_reward=False)
     row = training.train(trained, env_id, config, task.timesteps[size], seed, EVAL_EPISODES[size])
     return [
         dict(
