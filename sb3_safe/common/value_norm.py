@@ -223,7 +223,7 @@ def resolve_normalize_value(normalize_value: NormalizeValue, env: VecEnv | None)
     Whether to normalize the value targets: ``"auto"`` is on, except where the rewards are normalized already
     (:func:`rewards_normalized`): PopArt on top of ``VecNormalize(norm_reward=True)`` learned worse on Acrobot-v1
     (SafeA2C at the tuned settings, KLAdaptivePPO at a too-high learning rate), where alone each learns
-    (``benchmarks/results/learning.md``, ``benchmarks.value_norm_vecnormalize``).
+    (``benchmarks/results/learning.md``).
 
     :param normalize_value: True, False or ``"auto"``
     :param env: the environment the model trains on (decided once, when the model is set up)
