@@ -225,6 +225,14 @@ EQUIVALENT: dict[str, str] = {
     f"{_ADAPTIVE}:core/NumberReplacer:57@c5097dd41b82": (
         "the initial `_factor` is a dead store: judge_update sets it to 1 before anything multiplies or logs it"
     ),
+    f"{_ADAPTIVE}:core/ReplaceComparisonOperator_LtE_Lt:6@c5097dd41b82": (
+        "where the smallest factor is exactly 1 the mutant goes on to return `min(factors)`, which is 1.0, the value"
+        " the original returns there"
+    ),
+    f"{_ADAPTIVE}:core/ReplaceBreakWithContinue:1@c5097dd41b82": (
+        "at the lowest rate the loop's next passes see the same KL and scale, so compute the same cut >= 1 and do"
+        " nothing: `continue` ends the redos where `break` does, after at most max_redos idle passes"
+    ),
 }
 #: The full set's seeds (``python -m benchmarks run faults``, size full)
 FULL_SEEDS = tuple(range(320))

@@ -11,12 +11,15 @@ in a weight after an optimizer step, NaN in a gradient, NaN in an observation, a
 learning rate 100 times too high; rewards times 1e30; none) and whether the model is saved, loaded and continued
 between its two ``learn()`` calls. Some scenarios aim (:data:`AIMS`): a weight or gradient fault inside an update the
 adaptive learning rate redoes, in the update after a redo, in an update judged far from the guard's healthy copy,
-in the last update of a ``learn()``; or the adaptive learning rate at the lower bound of its ``lr_bounds``. After each
+in the last update of a ``learn()``; or the adaptive learning rate at the lower bound of its ``lr_bounds``, deciding
+after every update on a target near the updates' KLs, redoing every update at a rate 100 times too high. After each
 scenario, :func:`check` verifies, from what is recorded outside the callbacks (the rate each optimizer step runs at,
-the states kept at each rollout start, what was restored, saved and is in memory):
+the states kept at each rollout start, what was restored, saved, logged, printed and is in memory) against the
+contract the callbacks document (written out here: :data:`ADAPTIVE_DEFAULTS`, :data:`KIND_DEFAULTS`):
 
-(i) every optimizer step runs at a learning rate >= 0 (inside ``lr_bounds`` with the adaptive learning rate), every
-update at a clip range >= 0, a redo below the rate of the update it redoes, and under a KL target no update meets the
+(i) every optimizer step runs at a learning rate >= 0, inside the adaptive learning rate's bounds where it has them,
+else at most the configured rate (a schedule's value at that progress), every update at a clip range >= 0, a redo
+below the rate of the update it redoes and not below the lowest rate, and under a KL target no update meets the
 scale never rises; (ii) ``"stop"``: the model in memory equals the one saved, which is the guard's last healthy state,
 a kept update, and loads and trains on; (iii) ``"rollback"``: the restored state is a kept update (one the supervisor
 judged, never an undone one), the learning-rate scale after it is at most the healthy state's times ``lr_decay``, and
@@ -26,10 +29,20 @@ guard's own in ``"raise"`` mode; a non-finite parameter or gradient at a step ha
 model at every rollout start is finite); (v) one event and one message per fault (a warning per event that does not
 raise, none when it raises), and a schedule read past the end of the budget named once, only where it would turn
 negative; (vi) a new ``learn()`` and a loaded model run the configured schedule times the saved scale (inside the
-bounds where an adaptive learning rate set them), ``learning_rate`` stays the configured one, and the model holds its
-own schedules after ``learn()``; (vii) the update and skip counts describe the kept updates (an update redone counts
-once), the redo count is the number of redos, and under the aimed scenarios' KL target an update is redone;
-(viii) every rollout collects with the policy in evaluation mode, as SB3 sets it up (also after a redo).
+bounds where an adaptive learning rate set them), ``learning_rate`` stays the object configured, and the model holds
+its own schedules after ``learn()``; (vii) the update and skip counts describe the kept updates (an update redone
+counts once), the redo count is the number of redos, and under the aimed scenarios' KL target an update is redone;
+(viii) every rollout collects with the policy in evaluation mode, as SB3 sets it up (also after a redo);
+(ix) the adaptive learning rate judges the updates it documents (the first 8 of a model, then one per 256 samples
+A2C-style, every one PPO-style), decides once ``window_steps`` have passed, redoes an update while its KL overshoots
+``max_redos`` times or down to the lowest rate, and moves the rate only by a redo (PPO-style the next updates keep the
+redo's rate, A2C-style the rate before it over ``max_step``) or a decision by the documented rule (no change inside
+``[target / tolerance, target x tolerance]``, outside it ``sqrt(target / KL)`` limited to ``max_step``, a raise only
+after ``raise_after`` windows in a row below, never below the lowest rate nor above the configured one or the upper
+bound); (x) each judgement logs the factor it applied (``train/lr_factor``, the scale's) and the scale
+(``train/lr_scale``), and at verbose 1 prints each change of the rate with the KL that decided it, at verbose 0
+nothing; (xi) every setting outside its documented range is refused with a ``ValueError`` naming it, and the edges of
+the ranges are accepted.
 
 Whether these scenarios and invariants find the defects they exist for is measured by re-introducing them:
 ``python -m benchmarks run faults --mutants`` (:mod:`benchmarks.fault_mutants`).
@@ -42,6 +55,7 @@ Usage: ``python -m benchmarks run faults [--size tiny|quick|full]`` (full: 320 s
 import contextlib
 import dataclasses
 import hashlib
+import io
 import math
 import random
 import re
@@ -79,9 +93,14 @@ MODES = ("raise", "stop", "rollback")
 #: whose rollback or stop restores the healthy copy of the redone one (``after_redo``), in an update the adaptive lr
 #: then judges, far from the healthy copy (``after_rollback``: the guard's full check rarely runs), in the last update
 #: of a ``learn()`` (``last_update``); ``at_floor`` runs the adaptive lr at the lower bound of its ``lr_bounds`` on a
-#: decaying schedule, with a KL target no update meets (no redo can lower the rate, no decision may raise it)
-AIMS = ("random", "fault_in_redo", "after_redo", "after_rollback", "last_update", "at_floor")
-#: Weights over :data:`AIMS`, such that the test suite's fixed seeds draw each aim
+#: decaying schedule, with a KL target no update meets (no redo can lower the rate, no decision may raise it);
+#: ``decisions`` makes it decide after every update, on a target near these updates' KLs (in its band, above, below;
+#: bounds or none); ``deep_redo`` runs it at a configured rate 100 times too high under a target no update meets (every
+#: measured update redone as often as allowed, down to the lowest rate)
+AIMS = ("random", "fault_in_redo", "after_redo", "after_rollback", "last_update", "at_floor", "decisions", "deep_redo")
+#: Weights over the first six :data:`AIMS`, such that the test suite's fixed seeds draw each aim; a random scenario
+#: with the adaptive lr and no fault of its own (none, or a rate 100 times too high) aims at the adaptive lr's rule
+#: instead (``decisions``, ``deep_redo``)
 AIM_WEIGHTS = (0.45, 0.12, 0.12, 0.12, 0.1, 0.09)
 SCHEDULES = ("constant", "linear", "past_end")
 #: Faults injected once (the others, lr_x100 and rewards_1e30, act all along)
@@ -91,7 +110,19 @@ FAULTS = (*ONCE, "lr_x100", "rewards_1e30", "none")
 ENVIRONMENT_FAULTS = ("nan_obs", "nan_terminal_obs", "nan_reward")
 LEARNING_RATE = {"PPO": 1e-3, "KLAdaptivePPO": 1e-3, "MaskablePPO": 1e-3, "RecurrentPPO": 1e-3, "A2C": 2e-3,
                  "SafeA2C": 2e-3, "SAC": 1e-3, "DQN": 1e-3}  # fmt: skip
-INVARIANTS = ("i", "ii", "iii", "iv", "v", "vi", "vii", "viii")
+INVARIANTS = ("i", "ii", "iii", "iv", "v", "vi", "vii", "viii", "ix", "x", "xi")
+#: The adaptive lr's contract as documented (:class:`~sb3_safe.KLAdaptiveLRCallback`'s docstring,
+#: ``docs/guide/adaptive_lr.md``), written out here so that the invariants do not read it from the code they check:
+#: its defaults; per kind (A2C-style: A2C, SafeA2C) the target, undo threshold, raises after how many low decisions,
+#: upper bound of ``raise_above_configured``; the lowest rate a cut goes to; the updates measured (the first 8 a
+#: callback sees of a model, then one per 256 collected samples)
+ADAPTIVE_DEFAULTS: dict[str, Any] = dict(tolerance=3.0, max_step=2.0, max_redos=3, window_steps=2048, verbose=0)
+KIND_DEFAULTS = {False: dict(target_kl=0.015, undo_above=6.0, raise_after=2, highest=1e-3),
+                 True: dict(target_kl=3e-3, undo_above=30.0, raise_after=1, highest=1e-2)}  # fmt: skip
+LOWEST_RATE, MEASURED_FIRST, MEASURED_SAMPLES = 1e-5, 8, 256
+#: The median KL of an update at the configured rate in these scenarios (PPO-style, A2C-style): where the
+#: ``decisions`` scenarios place their target
+TYPICAL_KL = {False: 1e-5, True: 1e-3}
 #: The schedules SB3's on-policy algorithms read at each update
 SB3_SCHEDULES = ("lr_schedule", "clip_range", "clip_range_vf")
 #: What the warning that names a schedule read past the end of the budget says
@@ -121,14 +152,23 @@ class Scenario:
     snapshot_every: int | None
     #: one of :data:`AIMS` (the fault's timing and the adaptive lr's settings follow from it)
     aim: str = "random"
+    #: the adaptive lr's ``verbose``: 1 prints each change of the rate, 0 nothing
+    verbose: int = 0
 
     @classmethod
     def draw(cls, seed: int) -> "Scenario":
         """The scenario of ``seed``."""
-        # The kind from a generator of its own: a random scenario of a seed stays the one it was before kinds existed
-        aim = random.Random(f"kind {seed}").choices(AIMS, AIM_WEIGHTS)[0]
-        if aim != "random":
-            return cls._draw_aimed(seed, aim)
+        # The kind and verbose from generators of their own: a random scenario of a seed stays the one it was before
+        aim = random.Random(f"kind {seed}").choices(AIMS[: len(AIM_WEIGHTS)], AIM_WEIGHTS)[0]
+        scenario = cls._draw_random(seed) if aim == "random" else cls._draw_aimed(seed, aim)
+        if aim == "random" and scenario.adaptive and scenario.fault in ("none", "lr_x100"):
+            scenario = cls._draw_aimed(seed, "decisions" if scenario.fault == "none" else "deep_redo")
+        verbose = random.Random(f"verbose {seed}").choice([0, 1]) if scenario.adaptive else 0
+        return dataclasses.replace(scenario, verbose=verbose)
+
+    @classmethod
+    def _draw_random(cls, seed: int) -> "Scenario":
+        """A scenario of the kind ``random``."""
         rng = random.Random(seed)
         algo = rng.choice(ON_POLICY + OFF_POLICY)
         if algo in OFF_POLICY:
@@ -173,8 +213,9 @@ class Scenario:
         rng = random.Random(seed)
         algo = rng.choice(ON_POLICY)
         with_guard = ["guard+adaptive", "adaptive+guard", *(["option+guard"] if algo in WITH_OPTION else [])]
-        if aim == "at_floor":
-            callbacks, mode, fault, fault_at = rng.choice(["adaptive", *with_guard]), rng.choice(MODES), "none", 0
+        if aim in ("at_floor", "decisions", "deep_redo"):
+            callbacks, mode, fault_at = rng.choice(["adaptive", *with_guard]), rng.choice(MODES), 0
+            fault = "lr_x100" if aim == "deep_redo" else "none"
         else:
             callbacks = rng.choice(with_guard)
             # raise ends the run at the fault: nothing is restored, nothing could be redone after it
@@ -335,17 +376,71 @@ def build(scenario: Scenario, env: Any) -> Any:
 
 
 def adaptive_lr_settings(scenario: Scenario) -> dict[str, Any]:
-    """The adaptive learning rate's arguments: its defaults, or a target that makes it undo and redo often."""
+    """The adaptive learning rate's arguments (and ``verbose``): its defaults, or a target that makes it act often."""
+    rng = random.Random(f"settings {scenario.seed}")
+    rate = LEARNING_RATE[scenario.algo]
+    settings: dict[str, Any] = {}
     if scenario.aim == "at_floor":
         # The configured rate is the lower bound: no redo can lower it, and every decision is a lowering
-        rate = LEARNING_RATE[scenario.algo]
-        return dict(target_kl=1e-9, undo_above=2.0, lr_bounds=(rate, 10 * rate), window_steps=rollout_size(scenario))
-    if scenario.aim != "random":
+        settings = dict(target_kl=1e-9, undo_above=2.0, lr_bounds=(rate, 10 * rate), window_steps=rollout_size(scenario))
+    elif scenario.aim == "decisions":
+        # A decision after every update, on a target within a factor 10 of the updates' KLs: windows in the band,
+        # above and below it; no bounds (the default), bounds around the configured rate, or the kind's
+        target = TYPICAL_KL[scenario.algo in ("A2C", "SafeA2C")] * 10 ** rng.uniform(-1.0, 1.0)
+        bounds: dict[str, Any] = rng.choice([{}, {}, dict(lr_bounds=(rate / 20, 10 * rate)), {"raise_above_configured": True}])
+        settings = dict(target_kl=target, window_steps=rollout_size(scenario), **bounds)
+    elif scenario.aim == "deep_redo":
+        # Every measured update overshoots at every rate: redone max_redos times, or down to the lowest rate
+        settings = dict(target_kl=1e-9, window_steps=10**9, **({"raise_above_configured": True} if rng.random() < 0.5 else {}))
+    elif scenario.aim != "random":
         # The first updates overshoot and are redone at a lower rate, which holds (no window decision raises it)
-        return dict(target_kl=1e-6, undo_above=2.0, window_steps=10**9)
-    if scenario.aggressive_lr:
-        return dict(target_kl=1e-4, undo_above=2.0, window_steps=32)
-    return {}
+        settings = dict(target_kl=1e-6, undo_above=2.0, window_steps=10**9)
+    elif scenario.aggressive_lr:
+        settings = dict(target_kl=1e-4, undo_above=2.0, window_steps=32)
+    return {**settings, **({"verbose": 1} if scenario.verbose else {})}
+
+
+@dataclass(frozen=True)
+class Contract:
+    """What the adaptive lr of a scenario promises, from its settings and the documented defaults."""
+
+    target: float
+    tolerance: float
+    max_step: float
+    undo_above: float
+    raise_after: int
+    max_redos: int
+    window_steps: int
+    verbose: int
+    #: the bounds the rate each step uses is clamped into, or None (never above the configured rate)
+    bounds: tuple[float, float] | None
+    #: one update in this many measured after the first MEASURED_FIRST
+    every: int
+
+
+def contract(scenario: Scenario, model: Any) -> Contract:
+    """The adaptive lr's contract in ``scenario`` on ``model`` (:data:`ADAPTIVE_DEFAULTS`, :data:`KIND_DEFAULTS`)."""
+    one_step = scenario.algo in ("A2C", "SafeA2C")
+    kind = KIND_DEFAULTS[one_step]
+    settings = {**ADAPTIVE_DEFAULTS, **kind, **adaptive_lr_settings(scenario)}
+    if "target_kl" not in adaptive_lr_settings(scenario) and scenario.algo == "KLAdaptivePPO":
+        settings["target_kl"] = model.adaptive_kl_target  # its penalty's target: the two controllers agree
+    bounds = settings.get("lr_bounds")
+    if bounds is None and settings.get("raise_above_configured"):
+        bounds = (LOWEST_RATE, kind["highest"])  # (Adam and RMSprop: the kind's upper bound as it is)
+    size = rollout_size(scenario)
+    return Contract(
+        target=settings["target_kl"],
+        tolerance=settings["tolerance"],
+        max_step=settings["max_step"],
+        undo_above=settings["undo_above"],
+        raise_after=settings["raise_after"],
+        max_redos=settings["max_redos"],
+        window_steps=settings["window_steps"],
+        verbose=settings["verbose"],
+        bounds=None if bounds is None else (float(bounds[0]), float(bounds[1])),
+        every=max(1, math.ceil(MEASURED_SAMPLES / size)) if one_step else 1,
+    )
 
 
 # ----- instrumentation -----
@@ -363,12 +458,43 @@ def parameters_finite(model: Any) -> bool:
     return all(bool(th.isfinite(p).all()) for p in model.policy.parameters())
 
 
+#: What the adaptive lr logs when it judges an update
+JUDGEMENT_KEYS = ("train/kl", "train/kl_window", "train/lr_factor", "train/lr_scale")
+
+
+@dataclass
+class Judged:
+    """One update of a model with the adaptive lr, seen from outside it: before the update, after its judgement."""
+
+    #: the how-manieth update of this model the adaptive lr saw (from 0); the timestep; the timestep its learn() began
+    index: int
+    timestep: int
+    learn_start: int
+    #: the learning-rate scale before the update and after its judgement
+    scale_before: float
+    #: whether the parameters were finite before the update
+    finite: bool
+    scale_after: float = 1.0
+    #: SB3's progress remaining during the update
+    progress: float = 1.0
+    #: the learning rate of the update's first and last optimizer steps (None: no step)
+    first_rate: float | None = None
+    last_rate: float | None = None
+    redos: int = 0
+    #: whether a guard restored a state (a rollback, a stop) since the judgement before
+    restored: bool = False
+    #: what the judgement logged (:data:`JUDGEMENT_KEYS`) and printed
+    logged: dict[str, float] = field(default_factory=dict)
+    printed: list[str] = field(default_factory=list)
+
+
 @dataclass
 class Record:
     """What the instruments saw during a scenario."""
 
-    #: (timestep, learning rate, the adaptive lr's bounds or None) at every optimizer step
-    steps: list[tuple[int, float, tuple[float, float] | None]] = field(default_factory=list)
+    #: (timestep, learning rate, the adaptive lr's bounds or None, SB3's progress remaining, the rate of the update a
+    #: redo redoes or None) at every optimizer step
+    steps: list[tuple[int, float, tuple[float, float] | None, float, float | None]] = field(default_factory=list)
     #: timesteps at which an optimizer step saw a non-finite parameter or gradient
     nonfinite_at_step: list[int] = field(default_factory=list)
     clip_ranges: list[float] = field(default_factory=list)
@@ -399,6 +525,15 @@ class Record:
     past_end_warnings: list[list[str]] = field(default_factory=list)
     #: the schedules a model held after a learn() that were not its own (a stand-in left in place)
     stand_ins_left: list[str] = field(default_factory=list)
+    #: the adaptive lr's contract in the scenario (None: no adaptive lr), and each update it saw
+    contract: Contract | None = None
+    judgements: list[Judged] = field(default_factory=list)
+    #: the lines the adaptive lr printed
+    printed: list[str] = field(default_factory=list)
+    #: settings outside their documented ranges accepted, or inside them refused
+    settings: list[str] = field(default_factory=list)
+    #: whether the model's learning_rate is still the object the scenario configured (None: not checked)
+    learning_rate_kept: bool | None = None
 
 
 class Probe:
@@ -426,10 +561,24 @@ class Probe:
         #: whether a guard restored a state since the last rollout end
         self.restored_in_update = False
         self.first_step_of_rollout = False
+        #: the adaptive lr's contract on the model; its updates of the model so far; the one being judged
+        self.contract: Contract | None = None
+        self.updates, self.judged_model = 0, None
+        self.judged: Judged | None = None
+        #: what the model logged since the last rollout end; where the adaptive lr prints; the learn()'s first timestep
+        self.logged: dict[str, Any] = {}
+        self.output = io.StringIO()
+        self.learn_start = 0
+        #: rollbacks and stops so far, and at the last judgement; redos and printed characters before the update
+        self.restores, self.restores_seen, self.marks = 0, 0, (0, 0)
 
     def attach(self, model: Any, adaptive: Any) -> None:
         """Hook the model's optimizers (again after a load: new optimizers)."""
         self.model, self.adaptive = model, adaptive
+        self.contract = contract(self.scenario, model) if adaptive is not None else None
+        self.record.contract = self.contract
+        if model is not self.judged_model:  # the adaptive lr counts the updates of a model (a learn() continues them)
+            self.updates, self.judged_model = 0, model
         if self.scenario.algo == "SAC":
             optimizers = [model.actor.optimizer, model.critic.optimizer]
             optimizers += [model.ent_coef_optimizer] if model.ent_coef_optimizer is not None else []
@@ -454,13 +603,15 @@ class Probe:
         tensors += [p.grad for p in tensors if p.grad is not None]
         if not all(bool(th.isfinite(t).all()) for t in tensors):
             record.nonfinite_at_step.append(model.num_timesteps)
-        bounds = self.adaptive.bounds if self.adaptive is not None and self.adaptive.model is model else None
+        bounds = None if self.contract is None else self.contract.bounds
         rate = float(optimizer.param_groups[0]["lr"])
-        record.steps.append((model.num_timesteps, rate, bounds))
+        record.steps.append((model.num_timesteps, rate, bounds, model._current_progress_remaining, self.redoing_from))
         if optimizer is self._first_optimizer():
             if self.redoing_from is not None and not rate < self.redoing_from:
                 record.redo_rates.append(f"a redo step at {rate:.3g}, not below the {self.redoing_from:.3g} it redoes")
             self.last_rate = rate
+            if self.judged is not None and self.judged.first_rate is None:
+                self.judged.first_rate = rate
 
     def _count_step(self) -> None:
         """Count the optimizer step about to run where the aimed kinds place their fault."""
@@ -517,6 +668,15 @@ class Probe:
         class Kept(BaseCallback):
             def _on_training_start(self) -> None:
                 probe.record.kept.add(state_hash(self.model))
+                probe.learn_start = self.model.num_timesteps
+                # What is logged, as it is logged (SB3 makes a logger per learn(); A2C dumps it every 100 updates)
+                record = self.logger.record
+
+                def recording(key: str, value: Any, exclude: Any = None) -> None:
+                    probe.logged[key] = value
+                    record(key, value, exclude)
+
+                self.logger.record = recording  # type: ignore[method-assign]
 
             def _on_step(self) -> bool:
                 if probe.first_step_of_rollout:
@@ -530,14 +690,40 @@ class Probe:
 
             def _on_rollout_end(self) -> None:
                 probe.restored_in_update = False
+                probe.before_update(self.model)
 
             def _on_training_end(self) -> None:
                 probe.after_judgement(self.model, self.logger)
 
         return Kept()
 
+    def before_update(self, model: Any) -> None:
+        """The rollout ended: the adaptive lr prepares the update (if it measures it), train() runs, then it judges."""
+        self.logged = {}
+        if self.contract is None:
+            return
+        self.judged = Judged(self.updates, model.num_timesteps, self.learn_start, learning_rate_scale(model),
+                             parameters_finite(model))  # fmt: skip
+        self.marks = (self.record.redo_calls, self.output.tell())
+        self.updates += 1
+
+    def _judgement(self, model: Any) -> None:
+        """After the judgement of the update (and the guards'): what it changed, logged and printed."""
+        judged, self.judged = self.judged, None
+        if judged is not None:
+            judged.scale_after, judged.progress = learning_rate_scale(model), model._current_progress_remaining
+            judged.last_rate = None if judged.first_rate is None else self.last_rate
+            judged.redos = self.record.redo_calls - self.marks[0]
+            judged.restored = self.restores != self.restores_seen
+            judged.logged = {key: float(self.logged[key]) for key in JUDGEMENT_KEYS if key in self.logged}
+            printed = self.output.getvalue()[self.marks[1] :].splitlines()
+            judged.printed = [line for line in printed if line.startswith("KLAdaptiveLRCallback:")]
+            self.record.judgements.append(judged)
+        self.restores_seen = self.restores
+
     def after_judgement(self, model: Any, logger: Any) -> None:
         record = self.record
+        self._judgement(model)
         record.kept.add(state_hash(model))
         if not parameters_finite(model):
             record.nonfinite_at_rollout_start += 1
@@ -561,12 +747,23 @@ class Probe:
 
 
 @contextlib.contextmanager
-def instrumented(probe: Probe) -> Iterator[None]:
-    """Record each rollback (its restored state) and each redo, for the scenario's duration."""
+def instrumented(probe: Probe, algorithm: Any) -> Iterator[None]:
+    """
+    Record each rollback (its restored state), each redo and what is printed, for the scenario's duration; keep what
+    is logged after the last ``train()`` of ``algorithm`` only (what the judgement of the update logs: KLAdaptivePPO
+    logs ``train/kl`` too).
+    """
     from sb3_safe import KLAdaptiveLRCallback
     from sb3_safe.common.guard.response import Response
 
     rollback, stop, redo = Response._rollback, Response._stop, KLAdaptiveLRCallback._redo
+    own_train, train = algorithm.__dict__.get("train"), algorithm.train
+
+    def recording_train(model: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return train(model, *args, **kwargs)
+        finally:
+            probe.logged = {}
 
     def recording_rollback(response: Response) -> str:
         healthy = response.snapshots.healthy
@@ -587,10 +784,12 @@ def instrumented(probe: Probe) -> Iterator[None]:
         )
         probe.rolled_back = probe.restored_in_update = True
         probe.last_rollback = (restored, learning_rate_scale(model))
+        probe.restores += 1
         return message
 
     def recording_stop(response: Response, reason: str) -> str:
         probe.rolled_back = True  # (the counts go back to the healthy state's too)
+        probe.restores += 1
         message = stop(response, reason)
         if response.snapshots.healthy is not None:
             restored = state_hash(response.model)
@@ -608,11 +807,17 @@ def instrumented(probe: Probe) -> Iterator[None]:
 
     Response._rollback, Response._stop = recording_rollback, recording_stop  # type: ignore[method-assign]
     KLAdaptiveLRCallback._redo = recording_redo  # type: ignore[method-assign]
+    algorithm.train = recording_train
     try:
-        yield
+        with contextlib.redirect_stdout(probe.output):
+            yield
     finally:
         Response._rollback, Response._stop = rollback, stop  # type: ignore[method-assign]
         KLAdaptiveLRCallback._redo = redo  # type: ignore[method-assign]
+        if own_train is None:
+            del algorithm.train
+        else:
+            algorithm.train = own_train
 
 
 # ----- one scenario -----
@@ -658,6 +863,8 @@ def run(scenario: Scenario) -> Outcome:
     folder = Path(tempfile.mkdtemp(prefix="sb3_safe_faults_"))
     env = make_env(scenario, counter)
     model = build(scenario, env)
+    configured = model.learning_rate  # (the object the scenario passed: nothing may replace it)
+    record.settings = settings_problems(scenario)
     guard = None
     if scenario.guarded:
         guard = NonFiniteGuardCallback(
@@ -707,7 +914,7 @@ def run(scenario: Scenario) -> Outcome:
     raised = crashed = None
     first, second = budgets(scenario)
     models: list[Any] = [None]
-    with instrumented(probe), warnings.catch_warnings(record=True) as caught:
+    with instrumented(probe, type(model)), warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
             learn(model, first)
@@ -722,6 +929,8 @@ def run(scenario: Scenario) -> Outcome:
         record.warnings = sum(issubclass(w.category, NonFiniteGuardWarning) for w in caught)
     if counter[1]:
         record.fault_fired_at.append(counter[0])
+    record.printed = [line for line in probe.output.getvalue().splitlines() if line.startswith("KLAdaptiveLRCallback:")]
+    record.learning_rate_kept = len(models) > 1 and models[1].learning_rate is configured
     stopped = guard is not None and guard.stop_reason is not None
     stop_checks = check_stop(model, guard, scenario, folder) if stopped else (None, None, None)
     outcome = Outcome(
@@ -833,6 +1042,46 @@ def check_counters(model: Any, scenario: Scenario, record: Record) -> list[str]:
     return problems
 
 
+#: Settings outside their documented ranges (each refused by a ValueError naming it), then settings at the edges of
+#: the ranges (accepted): the adaptive lr's (``lr_bounds`` needs 0 < lowest <= highest < inf; ``tolerance``,
+#: ``max_step``, ``undo_above`` > 1; ``raise_after``, ``window_steps`` ints >= 1; ``max_redos`` an int >= 0) and the
+#: guard's (``lr_decay`` in (0, 1); ``max_rollbacks`` >= 0; ``snapshot_every``, ``stall_updates`` None or >= 1)
+REFUSED_SETTINGS: dict[str, list[dict[str, Any]]] = {
+    "adaptive": [dict(target_kl=0.0), dict(target_kl=math.inf), dict(tolerance=1.0), dict(max_step=1.0),
+                 dict(undo_above=1.0), dict(undo_above=0.5), dict(raise_after=0), dict(max_redos=-1),
+                 dict(window_steps=0), dict(lr_bounds=(0.0, 1e-3)), dict(lr_bounds=(-0.5, 1e-3)),
+                 dict(lr_bounds=(2e-3, 1e-3)), dict(lr_bounds=(1e-5, math.inf)), dict(raise_above_configured=1)],
+    "guard": [dict(lr_decay=0.0), dict(lr_decay=1.0), dict(max_rollbacks=-1), dict(snapshot_every=0),
+              dict(stall_updates=0), dict(on_nonfinite="ignore")],
+}  # fmt: skip
+ACCEPTED_SETTINGS: dict[str, list[dict[str, Any]]] = {
+    "adaptive": [dict(lr_bounds=(1e-3, 1e-3)), dict(max_redos=0), dict(raise_after=1), dict(window_steps=1),
+                 dict(tolerance=1.01, max_step=1.01, undo_above=1.01)],
+    "guard": [dict(lr_decay=0.99), dict(max_rollbacks=0), dict(snapshot_every=1), dict(stall_updates=1)],
+}  # fmt: skip
+
+
+def settings_problems(scenario: Scenario) -> list[str]:
+    """(xi) The scenario's callbacks refuse every setting outside its documented range, naming it, and accept its edges."""
+    from sb3_safe import KLAdaptiveLRCallback, NonFiniteGuardCallback
+
+    problems = []
+    kinds = {"adaptive": KLAdaptiveLRCallback, "guard": NonFiniteGuardCallback}
+    for kind in [kind for kind in kinds if (scenario.adaptive if kind == "adaptive" else scenario.guarded)]:
+        for settings in REFUSED_SETTINGS[kind] + ACCEPTED_SETTINGS[kind]:
+            refused = settings in REFUSED_SETTINGS[kind]
+            try:
+                kinds[kind](**settings)
+                error = None
+            except Exception as caught:
+                error = caught
+            if refused and not (isinstance(error, ValueError) and all(name in str(error) for name in settings)):
+                problems.append(f"{kind} {settings}: {'accepted' if error is None else repr(error)[:80]}")
+            elif not refused and error is not None:
+                problems.append(f"{kind} {settings} refused: {error!r}"[:120])
+    return problems
+
+
 # ----- the invariants -----
 
 
@@ -841,11 +1090,18 @@ def check(outcome: Outcome) -> dict[str, list[str]]:
     s, record = outcome.scenario, outcome.record
     violations: dict[str, list[str]] = {name: [] for name in INVARIANTS}
     # (i) rates and clip ranges
-    for timestep, rate, bounds in record.steps:
+    configured = configured_schedule(s)
+    for timestep, rate, bounds, progress, redoing_from in record.steps:
+        scheduled = max(0.0, configured(max(progress, 0.0)))
+        lowest = min(LOWEST_RATE, scheduled)  # (the lowest rate a cut of the adaptive lr goes to, without bounds)
         if not rate >= 0.0:
             violations["i"].append(f"step at timestep {timestep}: learning rate {rate:.3g}")
         elif bounds is not None and not bounds[0] * (1 - 1e-9) <= rate <= bounds[1] * (1 + 1e-9):
             violations["i"].append(f"step at timestep {timestep}: learning rate {rate:.3g} outside {bounds}")
+        elif bounds is None and rate > scheduled * (1 + 1e-9):
+            violations["i"].append(f"step at timestep {timestep}: learning rate {rate:.3g} above the configured one")
+        elif bounds is None and redoing_from is not None and redoing_from > lowest and rate < lowest * (1 - 1e-9):
+            violations["i"].append(f"a redo step at {rate:.3g}, below the lowest rate {lowest:.3g}")
     violations["i"] += [f"clip range {clip:.3g}" for clip in record.clip_ranges if not clip >= 0.0]
     violations["i"] += record.redo_rates
     if s.aim == "at_floor":  # a KL target no update meets: decisions only lower the rate, the scale never rises
@@ -908,6 +1164,8 @@ def check(outcome: Outcome) -> dict[str, list[str]]:
         violations["v"].append("the linear schedule read past the end of the budget is not named")
     # (vi) schedules
     violations["vi"] += outcome.schedule_checks
+    if record.learning_rate_kept is False:
+        violations["vi"].append("model.learning_rate is no longer the object the scenario configured")
     if outcome.raised is None:  # (an exception out of learn() leaves the update's stand-ins in place)
         violations["vi"] += [f"{name} is a stand-in after learn()" for name in record.stand_ins_left]
     # (vii) counters
@@ -920,7 +1178,130 @@ def check(outcome: Outcome) -> dict[str, list[str]]:
     # (viii) each rollout collects with the policy in evaluation mode, as SB3 sets it up, also after a redo
     if record.rollouts_in_training_mode:
         violations["viii"].append(f"{record.rollouts_in_training_mode} rollout(s) collected in training mode")
+    # (ix) the adaptive lr's measurements, redos and decisions; (x) what it logs and prints of them
+    violations["ix"], violations["x"] = check_adaptive(s, record)
+    # (xi) settings outside their documented ranges refused
+    violations["xi"] += record.settings
     return violations
+
+
+#: The lines the adaptive lr prints at verbose 1: a redo, the rate after an A2C-style redo, a decision
+_CHANGE = r": learning rate x \S+ \(\S+ -> \S+\)$"
+REDO_LINE = re.compile(r"KLAdaptiveLRCallback: KL \S+ > \S+ x target \S+, update redone" + _CHANGE)
+AFTER_REDO_LINE = re.compile(r"KLAdaptiveLRCallback: the redo's cut holds for that update only, .*" + _CHANGE)
+DECISION_LINE = re.compile(r"KLAdaptiveLRCallback: mean KL (\S+) over (\d+) update(s?), (above|below) \[\S+, \S+\]" + _CHANGE)
+
+
+def documented_factor(kl: float, c: Contract) -> float:
+    """The documented factor of a window's KL: 1 in the band, else sqrt(target / KL) limited to max_step."""
+    if not math.isfinite(kl) or kl <= 0.0 or c.target / c.tolerance <= kl <= c.target * c.tolerance:
+        return 1.0
+    return min(max(math.sqrt(c.target / kl), 1.0 / c.max_step), c.max_step)
+
+
+def check_adaptive(s: Scenario, record: Record) -> tuple[list[str], list[str]]:
+    """
+    (ix) The adaptive lr measures the first 8 updates of a model and one per 256 samples after (A2C-style), every one
+    (PPO-style); decides once ``window_steps`` have passed since the last decision; redoes an update while its KL is
+    above ``undo_above`` x target, ``max_redos`` times or down to the lowest rate; moves the rate only by a redo or a
+    decision, each by the documented rule (no change in the band, sqrt(target / KL) limited to ``max_step`` outside,
+    a raise after ``raise_after`` windows in a row below it, never below the lowest rate, never above the configured
+    rate or the upper bound). (x) Each judgement logs the factor it applied (the scale's) and the scale, and at
+    verbose 1 prints each change with the KL that decided it (at verbose 0 nothing).
+    """
+    c, rule, logged = record.contract, [], []
+    if c is None:
+        return [], []
+    if c.verbose == 0 and record.printed:
+        logged.append(f"verbose=0, yet printed: {record.printed[0][:80]}")
+    configured = configured_schedule(s)
+    window, start, learn = 0, 0, None
+    recent: list[float] = []
+    for j in record.judgements:
+        if j.learn_start != learn:  # (a learn() starts with an empty window)
+            window, start, recent, learn = 0, j.learn_start, [], j.learn_start
+        judged = "train/lr_factor" in j.logged
+        measured = j.index < MEASURED_FIRST or j.index % c.every == 0
+        if judged != measured and (judged or not j.restored):
+            rule.append(f"update {j.index} {'judged' if judged else 'not judged'}: measured are the first"
+                        f" {MEASURED_FIRST} and one in {c.every} after")  # fmt: skip
+        kl, window_kl = j.logged.get("train/kl"), j.logged.get("train/kl_window")
+        window += kl is not None and j.index % c.every == 0
+        due = kl is not None and window > 0 and j.timestep - start >= c.window_steps
+        if due != (window_kl is not None):
+            rule.append(f"a decision {'missing' if due else 'made'} at timestep {j.timestep}: {window} KLs over"
+                        f" {j.timestep - start} steps, window_steps {c.window_steps}")  # fmt: skip
+        count = window
+        if window_kl is not None:
+            recent, window, start = [*recent, window_kl][-c.raise_after :], 0, j.timestep
+        if not judged or j.restored:
+            continue
+        scheduled = max(0.0, configured(max(j.progress, 0.0)))
+        low, high = c.bounds or (min(LOWEST_RATE, scheduled), scheduled)
+        ratio = j.scale_after / j.scale_before if j.scale_before > 0.0 else 1.0
+        # the rates a step uses at this progress, before the update and after its judgement
+        clamp = c.bounds or (0.0, math.inf)
+        before, after = (min(max(scale * scheduled, clamp[0]), clamp[1]) for scale in (j.scale_before, j.scale_after))
+        # (x) logged and printed
+        if not math.isclose(j.logged["train/lr_factor"], ratio, rel_tol=1e-9):
+            logged.append(f"train/lr_factor {j.logged['train/lr_factor']:.6g}, the scale moved x {ratio:.6g}")
+        if not math.isclose(j.logged.get("train/lr_scale", math.nan), j.scale_after, rel_tol=1e-9):
+            logged.append(f"train/lr_scale {j.logged.get('train/lr_scale')}, the scale is {j.scale_after:.6g}")
+        if c.verbose:
+            logged += printed_problems(j, c, ratio, count)
+        # (ix) redos: as many as allowed while the KL overshoots and the rate can go lower
+        if j.redos > c.max_redos:
+            rule.append(f"update at timestep {j.timestep} redone {j.redos} times, max_redos {c.max_redos}")
+        lower = j.last_rate is not None and j.last_rate > low * (1 + 1e-9)  # (a cut could lower the rate)
+        if kl is not None and kl > c.undo_above * c.target and j.redos < c.max_redos and j.finite and lower:
+            rule.append(f"update at timestep {j.timestep} redone {j.redos} of {c.max_redos} times: KL {kl:.3g} >"
+                        f" {c.undo_above:g} x target {c.target:.3g} at {j.last_rate:.3g} > the lowest {low:.3g}")  # fmt: skip
+        if scheduled <= 0.0:
+            if ratio != 1.0:
+                rule.append(f"the scale moved x {ratio:.3g} at a scheduled rate of 0")
+            continue
+        expected = None
+        if window_kl is None and not j.redos:
+            expected = before  # only a redo or a decision moves the rate
+        elif window_kl is not None and not j.redos:
+            factors = [documented_factor(kl, c) for kl in recent]
+            raise_ = len(factors) >= c.raise_after and min(factors) > 1.0
+            factor = factors[-1] if factors[-1] < 1.0 else min(factors) if raise_ else 1.0
+            expected = min(max(before * factor, low), before) if factor < 1.0 else max(min(before * factor, high), before)
+        elif window_kl is None and j.first_rate is not None and j.last_rate is not None:
+            # after redos the next updates run at the redo's rate (PPO-style), or at the rate before the redo divided
+            # by max_step where that is higher (A2C-style)
+            one_step = s.algo in ("A2C", "SafeA2C")
+            expected = min(max(j.last_rate, j.first_rate / c.max_step), high) if one_step else j.last_rate
+        if expected is not None and not math.isclose(after, expected, rel_tol=1e-9, abs_tol=1e-15):
+            why = f"window KL {window_kl:.3g}, target {c.target:.3g}" if window_kl is not None else f"{j.redos} redos"
+            rule.append(f"the rate went from {before:.3g} to {after:.3g} after the update at timestep {j.timestep}"
+                        f" ({why}), the documented rule gives {expected:.3g}")  # fmt: skip
+        if c.bounds is None and ratio < 1.0 and j.scale_after < min(low / scheduled, j.scale_before) * (1 - 1e-9):
+            rule.append(f"the rate cut to {after:.3g}, below the lowest {low:.3g}")
+    return rule, logged
+
+
+def printed_problems(j: Judged, c: Contract, ratio: float, count: int) -> list[str]:
+    """(x) At verbose 1 a judgement prints a line per redo and per change of the rate, each with its KL."""
+    problems = [f"an unreadable line: {line[:80]}" for line in j.printed
+                if not (REDO_LINE.match(line) or AFTER_REDO_LINE.match(line) or DECISION_LINE.match(line))]  # fmt: skip
+    redos = [found for found in map(REDO_LINE.match, j.printed) if found]
+    if len(redos) != j.redos:
+        problems.append(f"{len(redos)} lines for {j.redos} redos")
+    if ratio != 1.0 and not j.printed:
+        problems.append(f"the rate moved x {ratio:.3g}, nothing printed")
+    window_kl = j.logged.get("train/kl_window")
+    decisions = [found for found in map(DECISION_LINE.match, j.printed) if found]
+    if not j.redos and window_kl is not None and len(decisions) != (ratio != 1.0):
+        problems.append(f"{len(decisions)} decision lines for a decision that moved the rate x {ratio:.3g}")
+    for found in decisions:
+        n, plural, where = int(found[2]), found[3], found[4]
+        if found[1] != f"{window_kl:.3g}" or n != count or (plural == "s") != (n != 1):
+            problems.append(f"a decision on {window_kl:.3g} over {count} updates printed: {found[0][22:100]}")
+        if (where == "above") != (window_kl is not None and window_kl > c.target * c.tolerance):
+            problems.append(f"a decision on {window_kl:.3g} printed '{where}' the band")
+    return problems
 
 
 def past_end_problems(messages_per_model: list[list[str]]) -> list[str]:
@@ -996,16 +1377,21 @@ def report(out: Path) -> None:
         [
             f"{len(rows)} scenarios drawn from seeds 0-{len(rows) - 1} (`benchmarks/faults.py`), one process each"
             f" (summed wall time {wall / 60:.1f} min); the test suite runs seeds {TEST_SEEDS[0]}-{TEST_SEEDS[-1]}.",
-            "Invariants: (i) learning rate >= 0 and inside the bounds, clip range >= 0, a redo at a lower rate; (ii) a"
-            " stop keeps in memory the saved, healthy, kept, loadable model; (iii) a rollback restores a kept state, at"
-            " most the healthy scale x lr_decay, and is not redone; (iv) nothing non-finite unreported; (v) one event"
-            " and one message per fault, a schedule read past the end named once where it would turn negative; (vi) the"
-            " saved schedule is the configured one times the saved scale, in its bounds, no stand-in left after learn();"
-            " (vii) counts of kept updates and redos; (viii) rollouts collect in evaluation mode.",
+            "Invariants: (i) learning rate >= 0, inside the bounds or at most the configured rate, clip range >= 0, a"
+            " redo at a lower rate, not below the lowest; (ii) a stop keeps in memory the saved, healthy, kept, loadable"
+            " model; (iii) a rollback restores a kept state, at most the healthy scale x lr_decay, and is not redone;"
+            " (iv) nothing non-finite unreported; (v) one event and one message per fault, a schedule read past the end"
+            " named once where it would turn negative; (vi) the saved schedule is the configured one times the saved"
+            " scale, in its bounds, learning_rate the object configured, no stand-in left after learn(); (vii) counts"
+            " of kept updates and redos; (viii) rollouts collect in evaluation mode; (ix) the adaptive lr judges the"
+            " updates it documents, redoes while the KL overshoots, and moves the rate by its documented rule only;"
+            " (x) it logs the factor and the scale of each judgement, prints each change at verbose 1, nothing at 0;"
+            " (xi) settings outside their documented ranges refused, their edges accepted.",
             "Aims: random (everything drawn), or aimed at the supervisor's defects: a fault inside a redo"
             " (fault_in_redo), in the update after a redo (after_redo), in an update judged far from the healthy copy"
-            " (after_rollback), in the last update of a learn() (last_update); the adaptive lr at its lower bound"
-            " (at_floor).",
+            " (after_rollback), in the last update of a learn() (last_update); or at the adaptive lr's rule: at its"
+            " lower bound (at_floor), deciding after every update on a target near the updates' KLs (decisions),"
+            " redoing every update of a rate 100 times too high (deep_redo).",
         ],
     )
     lines += ["## Violations per invariant", ""]
@@ -1014,7 +1400,7 @@ def report(out: Path) -> None:
         [[name, sum(name in row["violations"] for row in rows)] for name in INVARIANTS],
     )
     lines += ["", "## Scenarios per kind", ""]
-    for key in ("aim", "algo", "callbacks", "mode", "schedule", "fault", "n_envs", "save_load"):
+    for key in ("aim", "algo", "callbacks", "mode", "schedule", "fault", "n_envs", "save_load", "verbose"):
         counts: dict[str, int] = {}
         for row in rows:
             counts[str(row.get(key, "random"))] = counts.get(str(row.get(key, "random")), 0) + 1

@@ -84,6 +84,10 @@ def test_the_fixed_subset_covers_every_kind_of_scenario() -> None:
     assert {s.aim for s in scenarios} == set(faults.AIMS)
     aimed = [s for s in scenarios if s.aim in ("fault_in_redo", "after_redo", "last_update")]
     assert {s.mode for s in aimed} == {"stop", "rollback"} and {s.save_load for s in aimed} == {False, True}
+    # the adaptive lr printing and quiet; deciding without bounds, with lr_bounds and with the kind's bounds
+    assert {s.verbose for s in scenarios if s.adaptive} == {0, 1}
+    deciding = [faults.adaptive_lr_settings(s) for s in scenarios if s.aim == "decisions"]
+    assert {("lr_bounds" in d) + 2 * ("raise_above_configured" in d) for d in deciding} == {0, 1, 2}
 
 
 def test_a_scenario_is_a_function_of_its_seed() -> None:
