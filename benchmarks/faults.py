@@ -28,9 +28,10 @@ no redo follows a guard's restore in its update;
 guard's own in ``"raise"`` mode; a non-finite parameter or gradient at a step has a guard event at that timestep; the
 model at every rollout start is finite); (v) one event and one message per fault (a warning per event that does not
 raise, none when it raises), and a schedule read past the end of the budget named once, only where it would turn
-negative; (vi) a new ``learn()`` and a loaded model run the configured schedule times the saved scale (inside the
-bounds where an adaptive learning rate set them), ``learning_rate`` stays the object configured, and the model holds
-its own schedules after ``learn()`` (after an exception out of it, those of an update past the end of the budget); (vii) the update and skip counts describe the kept updates (an update redone
+negative, with the value read instead; (vi) a new ``learn()`` and a loaded model run the configured schedule times the
+saved scale (inside the bounds where an adaptive learning rate set them), ``learning_rate`` stays the object
+configured, and the model holds its own schedules after ``learn()`` (after an exception out of it, also the stand-ins
+of an update past the end of the budget); (vii) the update and skip counts describe the kept updates (an update redone
 counts once), the redo count is the number of redos, and under the aimed scenarios' KL target an update is redone;
 (viii) every rollout collects with the policy in evaluation mode, as SB3 sets it up (also after a redo);
 (ix) the adaptive learning rate judges the updates it documents (the first 8 of a model, then one per 256 samples
@@ -128,6 +129,8 @@ SB3_SCHEDULES = ("lr_schedule", "clip_range", "clip_range_vf")
 #: What the warning that names a schedule read past the end of the budget says
 PAST_END = re.compile(
     r"^\S+\.(\S+) .* is (\S+) at progress (\S+): the last rollout ends at timestep (\d+), past the budget (\d+)"
+    r".* reads it at progress 0 \((\S+)\) instead\.$",
+    re.DOTALL,
 )
 
 
@@ -1313,7 +1316,8 @@ def printed_problems(j: Judged, c: Contract, ratio: float, count: int) -> list[s
 def past_end_problems(messages_per_model: list[list[str]]) -> list[str]:
     """
     (v) A schedule read past the end of the budget is named once per model, and only if it would turn negative: its
-    value below 0 at SB3's progress, which is 1 - timestep / budget, below 0.
+    value below 0 at SB3's progress, which is 1 - timestep / budget, below 0; with the value read instead, at progress
+    0 (the scenarios' schedules that turn negative are linear, rate x progress: 0).
     """
     problems = []
     for messages in messages_per_model:
@@ -1327,6 +1331,8 @@ def past_end_problems(messages_per_model: list[list[str]]) -> list[str]:
             value, progress, timestep, total = float(found[2]), float(found[3]), int(found[4]), int(found[5])
             if not value < 0.0:
                 problems.append(f"{found[1]} named past the end at {value:.3g}, not negative")
+            if float(found[6]) != 0.0:
+                problems.append(f"{found[1]} named past the end, read at progress 0 as {found[6]}, not 0")
             if not (timestep > total and math.isclose(progress, 1.0 - timestep / total, rel_tol=1e-3, abs_tol=1e-6)):
                 problems.append(f"{found[1]} named at progress {progress:.4g}, timestep {timestep} of {total}")
     return problems
