@@ -11,6 +11,7 @@ values, and gives the buffer its raw arrays back when the update ends. A statist
 rollback restores them) normalizes the rollout again from the raw arrays before the next minibatch.
 """
 
+import contextlib
 from types import TracebackType
 from typing import Any
 
@@ -20,7 +21,7 @@ from stable_baselines3.common.buffers import RolloutBuffer
 from stable_baselines3.common.policies import ActorCriticPolicy
 
 from sb3_safe.common.observation_norm import ObservationNormalizer
-from sb3_safe.common.value_norm import value_head
+from sb3_safe.common.value_norm import normalized_values, value_head
 
 
 class NormalizedRollout:
@@ -46,6 +47,7 @@ class NormalizedRollout:
         #: what the arrays were normalized with (the statistics' derived transforms): compared before each minibatch
         self._normalized_with: tuple[Any, ...] = ()
         self._flattened = buffer.generator_ready
+        self._switches = contextlib.ExitStack()
 
     def __enter__(self) -> "NormalizedRollout":
         names = (["observations"] if self.normalizer is not None else []) + (
@@ -56,15 +58,12 @@ class NormalizedRollout:
             self._normalize()
         if self.normalizer is not None:
             self.normalizer.passthrough = True
-        if self.head is not None:
-            self.head.normalized_output = True
+            self._switches.callback(setattr, self.normalizer, "passthrough", False)
+        self._switches.enter_context(normalized_values(self.policy))
         return self
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None) -> None:
-        if self.normalizer is not None:
-            self.normalizer.passthrough = False
-        if self.head is not None:
-            self.head.normalized_output = False
+        self._switches.close()
         self._follow_layout()
         for name, raw in self._raw.items():
             setattr(self.buffer, name, raw)
